@@ -1,0 +1,49 @@
+"""`create_app(settings)`: the FastAPI application, built from settings, no globals."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+import flywheel
+from api import feedback, health
+from api.auth import KeyAuthenticator, RateLimiter
+from api.errors import install_error_handlers
+from api.middleware import ApiMetrics, BodyLimit, RequestMetrics, RequireJson
+from flywheel.db import make_engine, make_session_factory
+from flywheel.settings import Settings
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    settings = settings or Settings()
+    engine = make_engine(settings)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        engine.dispose()
+
+    app = FastAPI(
+        title="Flywheel",
+        version=flywheel.__version__,
+        description="Send interactions and feedback; Flywheel turns them into better models.",
+        lifespan=lifespan,
+    )
+    metrics = ApiMetrics()
+    sessions = make_session_factory(engine)
+    app.state.settings = settings
+    app.state.engine = engine
+    app.state.sessions = sessions
+    app.state.metrics = metrics
+    app.state.authenticator = KeyAuthenticator(sessions, ttl_s=settings.auth_cache_ttl_s)
+    app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    install_error_handlers(app)
+    app.include_router(health.router)
+    app.include_router(feedback.router)
+    # The last added runs first: metrics see every request, then the body cap, then JSON.
+    app.add_middleware(RequireJson)
+    app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(RequestMetrics, metrics=metrics)
+    return app

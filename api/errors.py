@@ -1,0 +1,92 @@
+"""Domain error codes -> HTTP statuses, in one table; every error body is the same shape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from flywheel.errors import Conflict, FlywheelError, Forbidden, InvalidInput, InvalidState, NotFound
+from flywheel.errors import RateLimited, SandboxUnavailable, Unauthenticated
+
+STATUS_BY_CODE = {
+    InvalidInput.code: 422,
+    NotFound.code: 404,
+    Conflict.code: 409,
+    InvalidState.code: 409,
+    Unauthenticated.code: 401,
+    Forbidden.code: 403,
+    RateLimited.code: 429,
+    SandboxUnavailable.code: 503,
+}
+
+CODE_BY_HTTP_STATUS = {
+    400: "bad_request",
+    401: Unauthenticated.code,
+    403: Forbidden.code,
+    404: NotFound.code,
+    405: "method_not_allowed",
+    409: Conflict.code,
+    413: "payload_too_large",
+    415: "unsupported_media_type",
+    422: InvalidInput.code,
+    429: RateLimited.code,
+}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    details: list[dict[str, Any]] | None = None,
+    headers: dict[str, str] | None = None,
+) -> JSONResponse:
+    error: dict[str, Any] = {"code": code, "message": message}
+    if details is not None:
+        error["details"] = details
+    return JSONResponse({"error": error}, status_code=status, headers=headers)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(FlywheelError, _flywheel_error)  # type: ignore[arg-type]
+    app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+
+
+async def _flywheel_error(_request: Request, error: FlywheelError) -> JSONResponse:
+    headers = None
+    if isinstance(error, RateLimited):
+        headers = {"Retry-After": str(max(1, round(error.retry_after_s + 0.5)))}
+    if isinstance(error, Unauthenticated):
+        headers = {"WWW-Authenticate": "Bearer"}
+    status = STATUS_BY_CODE.get(error.code, 400)
+    return error_response(status, error.code, error.message, details=error.details, headers=headers)
+
+
+async def _validation_error(_request: Request, error: RequestValidationError) -> JSONResponse:
+    details = [_validation_detail(item) for item in error.errors()]
+    first = details[0]["message"] if details else "invalid request"
+    return error_response(422, InvalidInput.code, f"invalid request: {first}", details=details)
+
+
+def _validation_detail(item: dict[str, Any]) -> dict[str, Any]:
+    """One pydantic error, without echoing the input (it may hold what we refused to store)."""
+    location = [part for part in item.get("loc", ()) if part != "body"]
+    detail: dict[str, Any] = {
+        "code": str(item.get("type", "invalid")),
+        "message": ".".join(str(part) for part in location) + f": {item.get('msg', '')}",
+        "loc": [str(part) if not isinstance(part, int) else part for part in location],
+    }
+    if len(location) >= 2 and location[0] == "events" and isinstance(location[1], int):
+        detail["index"] = location[1]
+    return detail
+
+
+async def _http_error(_request: Request, error: HTTPException) -> JSONResponse:
+    code = CODE_BY_HTTP_STATUS.get(error.status_code, "http_error")
+    headers = dict(error.headers) if error.headers else None
+    return error_response(error.status_code, code, str(error.detail), headers=headers)

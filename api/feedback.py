@@ -1,0 +1,182 @@
+"""Interactions and feedback: thin handlers over `flywheel.feedback.service`."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Depends, Header, Request, Response
+
+from api.auth import require
+from api.schemas import (
+    ErrorBody,
+    FeedbackBatchCreate,
+    FeedbackBatchCreated,
+    FeedbackCreate,
+    FeedbackCreated,
+    FeedbackRead,
+    InteractionCreate,
+    InteractionCreated,
+    InteractionRead,
+    ModelRead,
+)
+from flywheel.db import unit_of_work
+from flywheel.feedback import service
+from flywheel.feedback.values import Message, as_json
+from flywheel.tenancy.service import Principal, Scope
+
+router = APIRouter(prefix="/v1")
+
+ERRORS: dict[int | str, dict[str, Any]] = {
+    status: {"model": ErrorBody} for status in (401, 403, 404, 409, 413, 422, 429)
+}
+
+IdempotencyKey = Annotated[
+    str | None,
+    Header(
+        alias="Idempotency-Key",
+        pattern=r"^[A-Za-z0-9_.:-]{1,200}$",
+        description="Replays the first response for the same request; 409 for a different one.",
+    ),
+]
+Writer = Annotated[Principal, Depends(require(Scope.FEEDBACK_WRITE))]
+Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
+
+
+@router.post("/interactions", status_code=201, responses=ERRORS)
+def create_interaction(
+    body: InteractionCreate,
+    request: Request,
+    response: Response,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+) -> InteractionCreated:
+    new = service.NewInteraction(
+        domain=body.domain,
+        messages=as_json(_messages(body.messages, body.prompt)),
+        response=body.response,
+        model_name=body.model.name if body.model else None,
+        model_version=body.model.version if body.model else None,
+        adapter=body.model.adapter if body.model else None,
+        session_id=body.session_id,
+        metadata=body.metadata,
+    )
+    with unit_of_work(request.app.state.sessions) as session:
+        recorded = service.record_interaction(
+            session=session, tenant_id=principal.tenant_id, new=new, idempotency_key=idempotency_key
+        )
+    _count(request, response, [recorded])
+    return InteractionCreated(id=recorded.id, domain=recorded.domain, created_at=recorded.created_at)
+
+
+@router.get("/interactions/{interaction_id}", responses=ERRORS)
+def read_interaction(
+    interaction_id: uuid.UUID, request: Request, principal: Reader
+) -> InteractionRead:
+    with unit_of_work(request.app.state.sessions) as session:
+        interaction, domain, feedback = service.get_interaction(
+            session=session, tenant_id=principal.tenant_id, interaction_id=interaction_id
+        )
+    return InteractionRead(
+        id=interaction.id,
+        domain=domain,
+        messages=interaction.messages,
+        response=interaction.response,
+        model=ModelRead(
+            name=interaction.model_name,
+            version=interaction.model_version,
+            adapter=interaction.adapter,
+        ),
+        session_id=interaction.session_id,
+        metadata=interaction.metadata_,
+        created_at=interaction.created_at,
+        feedback=[
+            FeedbackRead(
+                id=event.id,
+                kind=event.kind,
+                value=event.value,
+                rater=event.rater,
+                event_id=event.event_id,
+                created_at=event.created_at,
+            )
+            for event in feedback
+        ],
+    )
+
+
+@router.post("/feedback", status_code=201, responses=ERRORS)
+def create_feedback(
+    body: Annotated[FeedbackCreate, Body()],
+    request: Request,
+    response: Response,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+) -> FeedbackCreated:
+    with unit_of_work(request.app.state.sessions) as session:
+        recorded = service.record_feedback(
+            session=session,
+            tenant_id=principal.tenant_id,
+            new=_new_feedback(body),
+            idempotency_key=idempotency_key,
+        )
+    _count(request, response, [recorded])
+    return _created(recorded)
+
+
+@router.post("/feedback/batch", status_code=201, responses=ERRORS)
+def create_feedback_batch(
+    body: FeedbackBatchCreate,
+    request: Request,
+    response: Response,
+    principal: Writer,
+    idempotency_key: IdempotencyKey = None,
+) -> FeedbackBatchCreated:
+    with unit_of_work(request.app.state.sessions) as session:
+        recorded = service.record_feedback_batch(
+            session=session,
+            tenant_id=principal.tenant_id,
+            events=[_new_feedback(event) for event in body.events],
+            idempotency_key=idempotency_key,
+        )
+    _count(request, response, recorded)
+    return FeedbackBatchCreated(results=[_created(item) for item in recorded])
+
+
+def _new_feedback(body: FeedbackCreate) -> service.NewFeedback:
+    has_context = body.messages is not None or body.prompt is not None
+    return service.NewFeedback(
+        kind=body.kind,
+        value=as_json(body.value),
+        interaction_id=body.interaction_id,
+        domain=body.domain,
+        messages=as_json(_messages(body.messages, body.prompt)) if has_context else None,
+        response=body.response,
+        rater=body.rater,
+        event_id=body.event_id,
+    )
+
+
+def _messages(messages: list[Message] | None, prompt: str | None) -> list[Message]:
+    if messages is not None:
+        return messages
+    assert prompt is not None  # the schema requires one of them
+    return [Message(role="user", content=prompt)]
+
+
+def _created(recorded: service.Recorded) -> FeedbackCreated:
+    return FeedbackCreated(
+        id=recorded.id,
+        kind=recorded.kind or "",
+        domain=recorded.domain,
+        interaction_id=recorded.interaction_id,
+        created_at=recorded.created_at,
+    )
+
+
+def _count(request: Request, response: Response, recorded: list[service.Recorded]) -> None:
+    """Count newly stored rows; mark a response that replays an earlier one."""
+    fresh = [item for item in recorded if not item.is_replay]
+    for item in fresh:
+        request.app.state.metrics.events_ingested.labels(item.kind or "interaction").inc()
+    if recorded and not fresh:
+        response.headers["Idempotent-Replayed"] = "true"

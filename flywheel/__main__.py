@@ -1,0 +1,5 @@
+import sys
+
+from flywheel.cli import main
+
+sys.exit(main())

@@ -1,0 +1,57 @@
+"""The `flywheel` command line. Bad input exits non-zero with one line on stderr."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; not re-exported
+from sqlalchemy.exc import OperationalError
+
+from flywheel.cli import admin, server
+from flywheel.errors import FlywheelError
+
+app = typer.Typer(
+    help="Flywheel: turn your LLM apps' usage into better models.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+app.command("init")(server.init)
+app.command("serve")(server.serve)
+app.add_typer(server.db, name="db")
+app.add_typer(admin.tenants, name="tenants")
+app.add_typer(admin.keys, name="keys")
+app.add_typer(admin.domains, name="domains")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the CLI; errors become `error: ...` on one line and a non-zero exit code."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except NoArgsIsHelpError as error:
+        sys.stdout.write(error.format_message() + "\n")
+        return 0
+    except typer.Exit as done:
+        return int(done.exit_code)
+    except typer.Abort:
+        _fail("aborted")
+        return 130
+    except typer.TyperException as error:
+        _fail(error.format_message())
+        return 2
+    except FlywheelError as error:
+        _fail(error.message)
+        return 1
+    except OperationalError as error:
+        _fail(f"database unreachable: {str(error.orig).strip().splitlines()[0]}")
+        return 1
+    return 0
+
+
+def _fail(message: str) -> None:
+    sys.stderr.write(f"error: {' '.join(message.split())}\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,122 @@
+"""`flywheel tenants|keys|domains`: the administration a platform operator does."""
+
+from __future__ import annotations
+
+import uuid
+
+import typer
+
+from flywheel.cli.common import JsonOption, database_session, emit
+from flywheel.errors import InvalidInput
+from flywheel.tenancy import service
+
+tenants = typer.Typer(help="Create and list tenants.", no_args_is_help=True)
+keys = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
+domains = typer.Typer(help="Create and list a tenant's domains.", no_args_is_help=True)
+
+TenantOption = typer.Option(..., "--tenant", "-t", help="Tenant name.")
+
+
+@tenants.command("create")
+def create_tenant(name: str = typer.Argument(..., help="Tenant name, e.g. acme."), as_json: bool = JsonOption) -> None:
+    """Create a tenant."""
+    with database_session() as session:
+        tenant = service.create_tenant(session=session, name=name)
+        data = {"id": str(tenant.id), "name": tenant.name}
+    emit(data, as_json=as_json, text=f"created tenant {name} ({data['id']})")
+
+
+@tenants.command("list")
+def list_tenants(as_json: bool = JsonOption) -> None:
+    """List tenants."""
+    with database_session() as session:
+        data = [{"id": str(t.id), "name": t.name} for t in service.list_tenants(session=session)]
+    emit(data, as_json=as_json, text="\n".join(item["name"] for item in data) or "(no tenants)")
+
+
+@keys.command("create")
+def create_key(
+    tenant: str = TenantOption,
+    scopes: list[str] = typer.Option(
+        ..., "--scopes", "-s", help="Comma-separated: feedback:write, data:read, models:write, admin."
+    ),
+    name: str = typer.Option("", "--name", help="A label to recognise the key by."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Create an API key. The key is printed once; only its hash is stored."""
+    with database_session() as session:
+        owner = service.get_tenant(session=session, name=tenant)
+        issued = service.create_api_key(
+            session=session, tenant=owner, scopes=service.parse_scopes(scopes), name=name
+        )
+    data = {
+        "id": str(issued.id),
+        "tenant": issued.tenant,
+        "name": issued.name,
+        "scopes": list(issued.scopes),
+        "key": issued.secret,
+    }
+    text = f"{issued.secret}\n(key id {issued.id}; store it now: it is not shown again)"
+    emit(data, as_json=as_json, text=text)
+
+
+@keys.command("list")
+def list_keys(tenant: str = TenantOption, as_json: bool = JsonOption) -> None:
+    """List a tenant's keys (never their secrets)."""
+    with database_session() as session:
+        owner = service.get_tenant(session=session, name=tenant)
+        data = [
+            {
+                "id": str(key.id),
+                "name": key.name,
+                "scopes": key.scopes,
+                "created_at": key.created_at.isoformat(),
+                "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+            }
+            for key in service.list_api_keys(session=session, tenant=owner)
+        ]
+    lines = [
+        f"{item['id']}  {','.join(item['scopes'])}  {item['name']}"
+        + ("  (revoked)" if item["revoked_at"] else "")
+        for item in data
+    ]
+    emit(data, as_json=as_json, text="\n".join(lines) or "(no keys)")
+
+
+@keys.command("revoke")
+def revoke_key(key_id: str = typer.Argument(..., help="The key's id."), as_json: bool = JsonOption) -> None:
+    """Revoke an API key; it stops working within the API's auth cache TTL."""
+    try:
+        parsed = uuid.UUID(key_id)
+    except ValueError as error:
+        raise InvalidInput(f"{key_id!r} is not a key id (a UUID)") from error
+    with database_session() as session:
+        key = service.revoke_api_key(session=session, key_id=parsed)
+        data = {"id": str(key.id), "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None}
+    emit(data, as_json=as_json, text=f"revoked key {key_id}")
+
+
+@domains.command("create")
+def create_domain(
+    name: str = typer.Argument(..., help="Domain name, e.g. billing-support."),
+    tenant: str = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Create a domain for a tenant."""
+    with database_session() as session:
+        owner = service.get_tenant(session=session, name=tenant)
+        domain = service.create_domain(session=session, tenant=owner, name=name)
+        data = {"id": str(domain.id), "tenant": tenant, "name": domain.name}
+    emit(data, as_json=as_json, text=f"created domain {tenant}/{name} ({data['id']})")
+
+
+@domains.command("list")
+def list_domains(tenant: str = TenantOption, as_json: bool = JsonOption) -> None:
+    """List a tenant's domains."""
+    with database_session() as session:
+        owner = service.get_tenant(session=session, name=tenant)
+        data = [
+            {"id": str(domain.id), "name": domain.name}
+            for domain in service.list_domains(session=session, tenant=owner)
+        ]
+    emit(data, as_json=as_json, text="\n".join(item["name"] for item in data) or "(no domains)")

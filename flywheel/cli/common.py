@@ -1,0 +1,50 @@
+"""What every command shares: settings, a session, JSON or human output, one-line errors."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import typer
+from sqlalchemy.orm import Session
+
+from flywheel import migrate
+from flywheel.db import make_engine, make_session_factory, unit_of_work
+from flywheel.errors import InvalidState
+from flywheel.settings import Settings
+
+JsonOption = typer.Option(False, "--json", help="Print the result as JSON.")
+
+
+def settings() -> Settings:
+    return Settings()
+
+
+@contextmanager
+def database_session() -> Iterator[Session]:
+    """A unit of work on the configured database, refusing a schema that is not at head."""
+    current = settings()
+    engine = make_engine(current)
+    try:
+        revision = migrate.current_revision(engine)
+        head = migrate.head_revision(current.resolved_database_url)
+        if revision != head:
+            raise InvalidState(
+                f"database schema is at {revision or 'nothing'}, expected {head}: "
+                "run `flywheel init` (or `flywheel db upgrade`)"
+            )
+        with unit_of_work(make_session_factory(engine)) as session:
+            yield session
+    finally:
+        engine.dispose()
+
+
+def emit(data: Any, *, as_json: bool, text: str) -> None:
+    """Print `data` as JSON, or `text` for a person."""
+    if as_json:
+        sys.stdout.write(json.dumps(data, default=str, indent=2) + "\n")
+    else:
+        sys.stdout.write(text + "\n")

@@ -1,0 +1,87 @@
+"""`flywheel init`, `flywheel db upgrade|current`, `flywheel serve`."""
+
+from __future__ import annotations
+
+import typer
+from sqlalchemy.exc import SQLAlchemyError
+
+from flywheel import migrate
+from flywheel.cli.common import JsonOption, emit, settings
+from flywheel.db import make_engine
+from flywheel.errors import InvalidState
+
+db = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
+
+
+def init(as_json: bool = JsonOption) -> None:
+    """Create the workspace (.flywheel/ or FLYWHEEL_HOME) and bring the database to the latest schema."""
+    current = settings()
+    current.home.mkdir(parents=True, exist_ok=True)
+    revision = _upgrade(current.resolved_database_url)
+    data = {
+        "workspace": str(current.home.resolve()),
+        "database": "sqlite (embedded)" if current.is_embedded else "configured URL",
+        "revision": revision,
+    }
+    text = (
+        f"workspace {data['workspace']} ready; database {data['database']} at revision {revision}\n"
+        "next: flywheel tenants create NAME; flywheel serve"
+    )
+    emit(data, as_json=as_json, text=text)
+
+
+@db.command("upgrade")
+def upgrade(
+    revision: str = typer.Argument("head", help="Target revision."), as_json: bool = JsonOption
+) -> None:
+    """Apply migrations up to REVISION (default: the latest)."""
+    reached = _upgrade(settings().resolved_database_url, revision)
+    emit({"revision": reached}, as_json=as_json, text=f"database at revision {reached}")
+
+
+@db.command("current")
+def current(as_json: bool = JsonOption) -> None:
+    """Show the database's schema revision and the latest one."""
+    url = settings().resolved_database_url
+    engine = make_engine(settings())
+    try:
+        data = {"revision": migrate.current_revision(engine), "head": migrate.head_revision(url)}
+    finally:
+        engine.dispose()
+    emit(data, as_json=as_json, text=f"revision {data['revision']} (latest {data['head']})")
+
+
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Address to listen on."),
+    port: int = typer.Option(8000, min=1, max=65535, help="Port to listen on."),
+    workers: int = typer.Option(1, min=1, help="Server processes."),
+) -> None:
+    """Run the REST API (uvicorn)."""
+    import uvicorn  # imported here: only this command needs the server
+
+    current = settings()
+    engine = make_engine(current)
+    try:
+        revision = migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+    if revision != migrate.head_revision(current.resolved_database_url):
+        raise InvalidState("the database schema is not up to date: run `flywheel init` first")
+    # By import string: flywheel never imports api; uvicorn loads it in each worker.
+    uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers)
+
+
+def _upgrade(url: str, revision: str = "head") -> str | None:
+    try:
+        migrate.upgrade(url, revision)
+    except SQLAlchemyError as error:
+        raise InvalidState(f"could not migrate the database: {_first_line(error)}") from error
+    engine = make_engine(settings())
+    try:
+        return migrate.current_revision(engine)
+    finally:
+        engine.dispose()
+
+
+def _first_line(error: BaseException) -> str:
+    return str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__

@@ -1,0 +1,1 @@
+"""Immutable, versioned training sets per domain with strict train/eval separation."""

@@ -1,0 +1,72 @@
+"""Interactions and append-only feedback events, as apps send them.
+
+Both carry the client's optional `Idempotency-Key` and the hash of the request that used it,
+so a replay finds the first row by a unique constraint instead of a second table.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from flywheel.db import Base, IdMixin, JsonType
+
+FEEDBACK_KINDS = ("rating", "correction", "comparison", "outcome")
+
+
+class Interaction(IdMixin, Base):
+    """One model call in production: the conversation, the response and who served it."""
+
+    __tablename__ = "interactions"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key"),
+        Index(None, "tenant_id", "domain_id", "created_at"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    messages: Mapped[list[Any]] = mapped_column(JsonType)
+    response: Mapped[str] = mapped_column(Text)
+    model_name: Mapped[str | None] = mapped_column(String(255))
+    model_version: Mapped[str | None] = mapped_column(String(255))
+    adapter: Mapped[str | None] = mapped_column(String(1024))
+    session_id: Mapped[str | None] = mapped_column(String(255))
+    metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JsonType, default=dict)
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_sha256: Mapped[str] = mapped_column(String(64))
+
+
+class FeedbackEvent(IdMixin, Base):
+    """A raw, append-only judgement: never updated, compiled into signal later.
+
+    `interaction_id` is set when the feedback refers to a stored interaction; otherwise the
+    event carries its own `messages` and `response` (comparisons carry theirs in `value`).
+    """
+
+    __tablename__ = "feedback_events"
+    __table_args__ = (
+        UniqueConstraint("tenant_id", "idempotency_key"),
+        UniqueConstraint("tenant_id", "event_id"),
+        CheckConstraint(
+            "kind IN (" + ", ".join(f"'{kind}'" for kind in FEEDBACK_KINDS) + ")", name="kind"
+        ),
+        Index(None, "tenant_id", "domain_id", "created_at"),
+        Index(None, "interaction_id"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    interaction_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("interactions.id", ondelete="CASCADE")
+    )
+    kind: Mapped[str] = mapped_column(String(16))
+    value: Mapped[dict[str, Any]] = mapped_column(JsonType)
+    messages: Mapped[list[Any] | None] = mapped_column(JsonType)
+    response: Mapped[str | None] = mapped_column(Text)
+    rater: Mapped[str | None] = mapped_column(String(255))
+    event_id: Mapped[str | None] = mapped_column(String(255))
+    idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_sha256: Mapped[str] = mapped_column(String(64))

@@ -1,0 +1,309 @@
+"""Record interactions and feedback events, exactly once per idempotency key or event id.
+
+Writes are single `INSERT ... ON CONFLICT DO NOTHING RETURNING` statements: a unique constraint,
+not a read-then-write, decides which of two concurrent duplicates wins, and the loser replays
+the winner's row (same request) or gets a Conflict (different request under the same key).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass, field
+from datetime import datetime
+from typing import Any
+
+import orjson
+from sqlalchemy import Table, or_, select
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Session
+
+from flywheel.db import utcnow
+from flywheel.errors import Conflict, InvalidInput, NotFound
+from flywheel.feedback.models import FeedbackEvent, Interaction
+from flywheel.tenancy.models import Domain
+
+INTERACTIONS: Table = Interaction.__table__  # type: ignore[assignment]
+FEEDBACK_EVENTS: Table = FeedbackEvent.__table__  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class NewInteraction:
+    domain: str
+    messages: list[dict[str, Any]]
+    response: str
+    model_name: str | None = None
+    model_version: str | None = None
+    adapter: str | None = None
+    session_id: str | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class NewFeedback:
+    """One feedback event: about a stored interaction, or carrying its own conversation."""
+
+    kind: str
+    value: dict[str, Any]
+    interaction_id: uuid.UUID | None = None
+    domain: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    response: str | None = None
+    rater: str | None = None
+    event_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """What was stored (or found stored, when `is_replay`)."""
+
+    id: uuid.UUID
+    domain: str
+    created_at: datetime
+    kind: str | None = None
+    interaction_id: uuid.UUID | None = None
+    is_replay: bool = False
+
+
+def request_fingerprint(item: NewInteraction | NewFeedback) -> str:
+    """SHA-256 of the request's canonical JSON: equal requests, equal fingerprints."""
+    canonical = orjson.dumps(asdict(item), option=orjson.OPT_SORT_KEYS, default=str)
+    return hashlib.sha256(canonical).hexdigest()
+
+
+def record_interaction(
+    *, session: Session, tenant_id: uuid.UUID, new: NewInteraction, idempotency_key: str | None
+) -> Recorded:
+    domain_ids = _domain_ids(session, tenant_id, [new.domain])
+    if new.domain not in domain_ids:
+        raise NotFound(f"domain {new.domain!r} not found")
+    row = {
+        "id": uuid.uuid4(),
+        "created_at": utcnow(),
+        "tenant_id": tenant_id,
+        "domain_id": domain_ids[new.domain],
+        "messages": new.messages,
+        "response": new.response,
+        "model_name": new.model_name,
+        "model_version": new.model_version,
+        "adapter": new.adapter,
+        "session_id": new.session_id,
+        "metadata": new.metadata,
+        "idempotency_key": idempotency_key,
+        "request_sha256": request_fingerprint(new),
+    }
+    if _insert_ignoring_conflicts(session, INTERACTIONS, [row]):
+        return Recorded(id=row["id"], domain=new.domain, created_at=row["created_at"])
+    first = _find_duplicate(session, Interaction, tenant_id, idempotency_key, None)
+    _check_same_request(first, row["request_sha256"], idempotency_key, None)
+    return Recorded(id=first.id, domain=new.domain, created_at=first.created_at, is_replay=True)
+
+
+def get_interaction(
+    *, session: Session, tenant_id: uuid.UUID, interaction_id: uuid.UUID
+) -> tuple[Interaction, str, list[FeedbackEvent]]:
+    """The interaction, its domain's name and its feedback; NotFound for another tenant's id."""
+    found = session.execute(
+        select(Interaction, Domain.name)
+        .join(Domain, Domain.id == Interaction.domain_id)
+        .where(Interaction.id == interaction_id, Interaction.tenant_id == tenant_id)
+    ).one_or_none()
+    if found is None:
+        raise NotFound(f"interaction {interaction_id} not found")
+    feedback = session.scalars(
+        select(FeedbackEvent)
+        .where(FeedbackEvent.interaction_id == interaction_id, FeedbackEvent.tenant_id == tenant_id)
+        .order_by(FeedbackEvent.created_at)
+    )
+    return found[0], found[1], list(feedback)
+
+
+def record_feedback(
+    *, session: Session, tenant_id: uuid.UUID, new: NewFeedback, idempotency_key: str | None
+) -> Recorded:
+    """Record one event. NotFound for an unknown interaction or domain."""
+    resolved = _resolve_targets(session, tenant_id, [new])
+    if resolved.errors:
+        raise NotFound(resolved.errors[0]["message"])
+    return record_feedback_batch_resolved(
+        session=session, tenant_id=tenant_id, events=[new], targets=resolved,
+        idempotency_keys=[idempotency_key],
+    )[0]
+
+
+def record_feedback_batch(
+    *, session: Session, tenant_id: uuid.UUID, events: Sequence[NewFeedback], idempotency_key: str | None
+) -> list[Recorded]:
+    """Record many events in bulk, or none: every event is checked before any is written.
+
+    With a batch idempotency key K, event i is stored under `K#i`, so replaying the batch
+    replays every event and a changed batch under the same key is a Conflict.
+    """
+    resolved = _resolve_targets(session, tenant_id, events)
+    if resolved.errors:
+        raise InvalidInput(
+            f"{len(resolved.errors)} of {len(events)} events are invalid; nothing was written",
+            details=resolved.errors,
+        )
+    keys = [f"{idempotency_key}#{index}" if idempotency_key else None for index in range(len(events))]
+    return record_feedback_batch_resolved(
+        session=session, tenant_id=tenant_id, events=events, targets=resolved, idempotency_keys=keys
+    )
+
+
+@dataclass
+class _Targets:
+    """Where each event goes: domain ids by name, (domain id, name) by interaction id."""
+
+    domain_ids: dict[str, uuid.UUID]
+    interactions: dict[uuid.UUID, tuple[uuid.UUID, str]]
+    errors: list[dict[str, Any]]
+
+    def domain_of(self, event: NewFeedback) -> tuple[uuid.UUID, str]:
+        if event.interaction_id is not None:
+            return self.interactions[event.interaction_id]
+        assert event.domain is not None  # checked by _resolve_targets
+        return self.domain_ids[event.domain], event.domain
+
+
+def _resolve_targets(
+    session: Session, tenant_id: uuid.UUID, events: Sequence[NewFeedback]
+) -> _Targets:
+    names = {event.domain for event in events if event.domain is not None}
+    interaction_ids = {event.interaction_id for event in events if event.interaction_id}
+    targets = _Targets(
+        domain_ids=_domain_ids(session, tenant_id, names),
+        interactions=_interaction_domains(session, tenant_id, interaction_ids),
+        errors=[],
+    )
+    for index, event in enumerate(events):
+        if event.interaction_id is not None and event.interaction_id not in targets.interactions:
+            message = f"interaction {event.interaction_id} not found"
+        elif event.interaction_id is None and event.domain not in targets.domain_ids:
+            message = f"domain {event.domain!r} not found"
+        else:
+            continue
+        targets.errors.append({"index": index, "code": NotFound.code, "message": message})
+    return targets
+
+
+def record_feedback_batch_resolved(
+    *,
+    session: Session,
+    tenant_id: uuid.UUID,
+    events: Sequence[NewFeedback],
+    targets: _Targets,
+    idempotency_keys: Sequence[str | None],
+) -> list[Recorded]:
+    now = utcnow()
+    rows = [
+        _feedback_row(tenant_id, event, targets.domain_of(event)[0], key, now)
+        for event, key in zip(events, idempotency_keys, strict=True)
+    ]
+    inserted = _insert_ignoring_conflicts(session, FEEDBACK_EVENTS, rows)
+    recorded = []
+    for event, row in zip(events, rows, strict=True):
+        created_at, is_replay = now, False
+        if row["id"] not in inserted:
+            first = _find_duplicate(
+                session, FeedbackEvent, tenant_id, row["idempotency_key"], event.event_id
+            )
+            _check_same_request(first, row["request_sha256"], row["idempotency_key"], event.event_id)
+            row["id"], created_at, is_replay = first.id, first.created_at, True
+        recorded.append(
+            Recorded(
+                id=row["id"],
+                domain=targets.domain_of(event)[1],
+                created_at=created_at,
+                kind=event.kind,
+                interaction_id=event.interaction_id,
+                is_replay=is_replay,
+            )
+        )
+    return recorded
+
+
+def _feedback_row(
+    tenant_id: uuid.UUID,
+    event: NewFeedback,
+    domain_id: uuid.UUID,
+    idempotency_key: str | None,
+    now: datetime,
+) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4(),
+        "created_at": now,
+        "tenant_id": tenant_id,
+        "domain_id": domain_id,
+        "interaction_id": event.interaction_id,
+        "kind": event.kind,
+        "value": event.value,
+        "messages": event.messages,
+        "response": event.response,
+        "rater": event.rater,
+        "event_id": event.event_id,
+        "idempotency_key": idempotency_key,
+        "request_sha256": request_fingerprint(event),
+    }
+
+
+def _domain_ids(session: Session, tenant_id: uuid.UUID, names: Iterable[str]) -> dict[str, uuid.UUID]:
+    names = set(names)
+    if not names:
+        return {}
+    query = select(Domain.name, Domain.id).where(Domain.tenant_id == tenant_id, Domain.name.in_(names))
+    return {name: domain_id for name, domain_id in session.execute(query)}
+
+
+def _interaction_domains(
+    session: Session, tenant_id: uuid.UUID, ids: set[uuid.UUID]
+) -> dict[uuid.UUID, tuple[uuid.UUID, str]]:
+    if not ids:
+        return {}
+    query = (
+        select(Interaction.id, Domain.id, Domain.name)
+        .join(Domain, Domain.id == Interaction.domain_id)
+        .where(Interaction.tenant_id == tenant_id, Interaction.id.in_(ids))
+    )
+    return {row[0]: (row[1], row[2]) for row in session.execute(query)}
+
+
+def _insert_ignoring_conflicts(
+    session: Session, table: Table, rows: list[dict[str, Any]]
+) -> set[uuid.UUID]:
+    """Insert rows in one statement; the ids of those that did not hit a unique constraint."""
+    dialect = session.get_bind().dialect.name
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    statement = insert(table).on_conflict_do_nothing().returning(table.c.id)
+    return set(session.scalars(statement, rows))
+
+
+def _find_duplicate(
+    session: Session,
+    model: type[Interaction] | type[FeedbackEvent],
+    tenant_id: uuid.UUID,
+    idempotency_key: str | None,
+    event_id: str | None,
+) -> Any:
+    matches = []
+    if idempotency_key is not None:
+        matches.append(model.idempotency_key == idempotency_key)
+    if event_id is not None and model is FeedbackEvent:
+        matches.append(FeedbackEvent.event_id == event_id)
+    row = session.scalars(
+        select(model).where(model.tenant_id == tenant_id, or_(*matches)).limit(1)
+    ).first() if matches else None
+    if row is None:  # the conflicting row was deleted in between, or a bug: never guess
+        raise Conflict("the request conflicts with a stored row that could not be found")
+    return row
+
+
+def _check_same_request(
+    first: Any, request_sha256: str, idempotency_key: str | None, event_id: str | None
+) -> None:
+    if first.request_sha256 == request_sha256:
+        return
+    if idempotency_key is not None and first.idempotency_key == idempotency_key:
+        raise Conflict(f"Idempotency-Key {idempotency_key!r} was already used for a different request")
+    raise Conflict(f"event_id {event_id!r} was already used for a different event")

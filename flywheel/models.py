@@ -1,0 +1,25 @@
+"""Every table, in one import: what Alembic and the schema tests see."""
+
+from flywheel.datasets.models import DatasetMember, DatasetVersion
+from flywheel.db import Base
+from flywheel.feedback.models import FeedbackEvent, Interaction
+from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
+from flywheel.signals.models import PreferencePair, SftExample, VerifiableTask
+from flywheel.tenancy.models import ApiKey, Domain, Tenant
+
+__all__ = [
+    "ApiKey",
+    "Base",
+    "DatasetMember",
+    "DatasetVersion",
+    "Domain",
+    "FeedbackEvent",
+    "Interaction",
+    "ModelVersion",
+    "PreferencePair",
+    "PromotionEvent",
+    "SftExample",
+    "Tenant",
+    "TrainingRun",
+    "VerifiableTask",
+]

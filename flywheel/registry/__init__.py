@@ -1,0 +1,1 @@
+"""Training runs, model versions and the audit trail of alias moves."""

@@ -1,0 +1,92 @@
+"""Training runs, registered model versions and append-only promotion events."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, mapped_column
+
+from flywheel.db import Base, IdMixin, JsonType
+
+RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+
+
+class TrainingRun(IdMixin, Base):
+    """One training (or whole cycle) of a domain on one dataset version."""
+
+    __tablename__ = "training_runs"
+    __table_args__ = (
+        CheckConstraint("method IN ('sft', 'dpo', 'grpo', 'cycle')", name="method"),
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{status}'" for status in RUN_STATUSES) + ")",
+            name="status",
+        ),
+        Index(None, "domain_id", "created_at"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    dataset_version_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("dataset_versions.id", ondelete="RESTRICT")
+    )
+    method: Mapped[str] = mapped_column(String(16))
+    config: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    config_sha256: Mapped[str] = mapped_column(String(64))
+    mlflow_run_id: Mapped[str | None] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="queued")
+    steps: Mapped[dict[str, Any]] = mapped_column(
+        JsonType, default=dict, doc="Per-step status and timings of a cycle."
+    )
+    error: Mapped[str | None] = mapped_column(Text)
+    started_at: Mapped[datetime | None] = mapped_column(default=None)
+    finished_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class ModelVersion(IdMixin, Base):
+    """An adapter version in the MLflow registry, with its evaluation and gate evidence."""
+
+    __tablename__ = "model_versions"
+    __table_args__ = (UniqueConstraint("registered_model", "version"),)
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    training_run_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("training_runs.id", ondelete="RESTRICT")
+    )
+    registered_model: Mapped[str] = mapped_column(String(255))
+    version: Mapped[str] = mapped_column(String(32))
+    adapter_uri: Mapped[str] = mapped_column(String(1024))
+    base_model: Mapped[str] = mapped_column(String(1024))
+    eval_results: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    gate_result: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    tainted_at: Mapped[datetime | None] = mapped_column(default=None)
+
+
+class PromotionEvent(IdMixin, Base):
+    """Append-only audit of every alias move: who moved what from where to where, and why."""
+
+    __tablename__ = "promotion_events"
+    __table_args__ = (
+        CheckConstraint(
+            "action IN ('promote', 'rollback', 'auto_rollback')", name="action"
+        ),
+        Index(None, "domain_id", "created_at"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    alias: Mapped[str] = mapped_column(String(32))
+    action: Mapped[str] = mapped_column(String(16))
+    from_model_version_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("model_versions.id", ondelete="RESTRICT")
+    )
+    to_model_version_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("model_versions.id", ondelete="RESTRICT")
+    )
+    actor: Mapped[str] = mapped_column(String(255))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    is_forced: Mapped[bool] = mapped_column(default=False)
+    evidence: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)

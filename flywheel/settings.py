@@ -1,0 +1,52 @@
+"""One settings object for the whole platform, read from `FLYWHEEL_*` variables."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+MIB = 1024 * 1024
+
+
+class Settings(BaseSettings):
+    """Platform settings. Every field can be set as `FLYWHEEL_<NAME>`."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore")
+
+    home: Path = Field(
+        default=Path(".flywheel"),
+        description="Workspace directory: the embedded SQLite database, MLflow store, reports.",
+    )
+    database_url: SecretStr | None = Field(
+        default=None,
+        description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. "
+        "Unset: a SQLite file in the workspace (quickstart only).",
+    )
+    db_pool_size: int = Field(default=10, ge=1, description="Connections per process.")
+
+    max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")
+    max_batch_events: int = Field(default=1000, ge=1, description="Events per batch request.")
+    max_text_chars: int = Field(default=200_000, ge=1, description="Cap on any one text field.")
+    rate_limit_per_s: float = Field(
+        default=50.0, gt=0, description="Sustained requests per second per API key (per process)."
+    )
+    rate_limit_burst: int = Field(default=200, ge=1, description="Requests a key may burst.")
+    auth_cache_ttl_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a process trusts a looked-up API key; bounds how long a revoked "
+        "key keeps working. 0 looks the key up on every request.",
+    )
+
+    @property
+    def resolved_database_url(self) -> str:
+        """The URL to connect to: the configured one, or the workspace's SQLite file."""
+        if self.database_url is not None:
+            return self.database_url.get_secret_value()
+        return f"sqlite:///{(self.home / 'flywheel.db').resolve()}"
+
+    @property
+    def is_embedded(self) -> bool:
+        return self.database_url is None

@@ -1,0 +1,1 @@
+"""Training signal compiled from feedback, tickets, repositories and task files."""

@@ -1,0 +1,94 @@
+"""Training signal: SFT examples, weighted preference pairs and verifiable tasks.
+
+Every row carries its provenance and a content hash that is unique within its domain, so the
+same signal can never be stored twice however often a source is ingested.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from sqlalchemy import CheckConstraint, Float, ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy.orm import Mapped, declared_attr, mapped_column
+
+from flywheel.db import Base, IdMixin, JsonType
+
+SOURCE_KINDS = ("feedback", "ticket", "repository", "task_file", "api")
+VERIFIER_STATUSES = ("pending", "usable", "unusable")
+
+
+def _in(column: str, values: tuple[str, ...]) -> str:
+    return f"{column} IN (" + ", ".join(f"'{value}'" for value in values) + ")"
+
+
+class ProvenanceMixin(IdMixin):
+    """Where a piece of signal came from, and how much it should count."""
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    source_kind: Mapped[str] = mapped_column(String(32))
+    source_ref: Mapped[str | None] = mapped_column(String(1024))
+    group_key: Mapped[str] = mapped_column(
+        String(255), doc="Items sharing a group (thread, repository…) never straddle splits."
+    )
+    content_sha256: Mapped[str] = mapped_column(String(64))
+    ingestor_version: Mapped[str] = mapped_column(String(64))
+    redaction_report: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    weight: Mapped[float] = mapped_column(Float, default=1.0)
+
+    @declared_attr.directive
+    def __table_args__(cls) -> tuple[Any, ...]:
+        return (
+            UniqueConstraint("domain_id", "content_sha256"),
+            CheckConstraint(_in("source_kind", SOURCE_KINDS), name="source_kind"),
+            CheckConstraint("weight >= 0", name="weight_non_negative"),
+            *cls.__extra_table_args__,
+        )
+
+    __extra_table_args__: tuple[Any, ...] = ()
+
+
+class SftExample(ProvenanceMixin, Base):
+    """A conversation prefix and the completion the model should give."""
+
+    __tablename__ = "sft_examples"
+
+    messages: Mapped[list[Any]] = mapped_column(JsonType)
+    completion: Mapped[str] = mapped_column(Text)
+
+
+class PreferencePair(ProvenanceMixin, Base):
+    """`chosen` is preferred over `rejected` for the same prompt, with a weight and a reason."""
+
+    __tablename__ = "preference_pairs"
+
+    messages: Mapped[list[Any]] = mapped_column(JsonType)
+    chosen: Mapped[str] = mapped_column(Text)
+    rejected: Mapped[str] = mapped_column(Text)
+    why: Mapped[str] = mapped_column(String(255))
+
+
+class VerifiableTask(ProvenanceMixin, Base):
+    """A task whose answers can be checked: code against tests, or a question against an answer.
+
+    Hidden tests and the reference solution never appear in a prompt.
+    """
+
+    __tablename__ = "verifiable_tasks"
+    __extra_table_args__ = (
+        CheckConstraint(_in("verifier_status", VERIFIER_STATUSES), name="verifier_status"),
+        CheckConstraint(_in("task_kind", ("code", "answer")), name="task_kind"),
+    )
+
+    task_kind: Mapped[str] = mapped_column(String(16), default="code")
+    language: Mapped[str] = mapped_column(String(32), default="python")
+    prompt: Mapped[str] = mapped_column(Text)
+    entry_point: Mapped[str | None] = mapped_column(String(255))
+    visible_tests: Mapped[str | None] = mapped_column(Text)
+    hidden_tests: Mapped[str | None] = mapped_column(Text)
+    reference_solution: Mapped[str | None] = mapped_column(Text)
+    answer: Mapped[str | None] = mapped_column(Text)
+    verifier_status: Mapped[str] = mapped_column(String(16), default="pending")
+    verifier_reason: Mapped[str | None] = mapped_column(Text)
+    difficulty: Mapped[float | None] = mapped_column(Float, doc="A model's pass rate, 0..1.")
