@@ -27,8 +27,6 @@ class Settings(BaseSettings):
     db_pool_size: int = Field(default=10, ge=1, description="Connections per process.")
 
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")
-    max_batch_events: int = Field(default=1000, ge=1, description="Events per batch request.")
-    max_text_chars: int = Field(default=200_000, ge=1, description="Cap on any one text field.")
     rate_limit_per_s: float = Field(
         default=50.0, gt=0, description="Sustained requests per second per API key (per process)."
     )

@@ -136,9 +136,9 @@ FeedbackKind = Literal["rating", "correction", "comparison", "outcome"]
 
 
 def as_json(value: Any) -> Any:
-    """A validated value as plain JSON-ready data, without unset optional fields."""
+    """A validated value as plain JSON-ready data, holding the fields the client set."""
     if isinstance(value, BaseModel):
-        return value.model_dump(mode="json", exclude_none=True)
+        return value.model_dump(mode="json", exclude_unset=True)
     if isinstance(value, list):
         return [as_json(item) for item in value]
     return value

@@ -1,0 +1,181 @@
+"""Bad bodies get a clear 4xx with the JSON error body, and the database stays unchanged."""
+
+from __future__ import annotations
+
+import json
+
+import anyio
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.app import create_app
+from flywheel.settings import Settings
+from tests.conftest import Caller, count_rows
+
+JSON = {"Content-Type": "application/json"}
+
+
+def post_raw(client: TestClient, caller: Caller, body: bytes, path: str = "/v1/feedback") -> httpx.Response:
+    return client.post(path, content=body, headers={**caller.headers, **JSON})
+
+
+def assert_rejected(response: httpx.Response, status: int, sessions: sessionmaker[Session]) -> dict[str, str]:
+    assert response.status_code == status, response.text
+    error = response.json()["error"]
+    assert error["code"] and error["message"]
+    assert count_rows(sessions, "feedback_events") == 0
+    assert count_rows(sessions, "interactions") == 0
+    return dict(error)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"domain": "billing",', b"[1, 2", b"", b"null", b"42", b'"text"', b"{'single': 'quotes'}"],
+)
+def test_malformed_json_is_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], body: bytes
+) -> None:
+    assert_rejected(post_raw(client, acme, body), 422, sessions)
+
+
+def test_invalid_utf8_is_4xx(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+    body = b'{"domain": "billing", "kind": "rating", "prompt": "caf\xe9", "response": "r", "value": {"stars": 3}}'
+    response = post_raw(client, acme, body)
+
+    assert 400 <= response.status_code < 500
+    assert_rejected(response, response.status_code, sessions)
+
+
+@pytest.mark.parametrize(
+    "text",
+    ["nul\\u0000byte", "lone \\ud800 surrogate", "low \\udc00 surrogate"],
+)
+@pytest.mark.parametrize("field", ["prompt", "response", "rater"])
+def test_nul_bytes_and_lone_surrogates_are_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], text: str, field: str
+) -> None:
+    fields = {"prompt": "p", "response": "r", "rater": "u-1", field: "__TEXT__"}
+    payload = {"domain": "billing", "kind": "rating", "value": {"stars": 3}, **fields}
+    body = json.dumps(payload).replace("__TEXT__", text).encode()
+
+    assert_rejected(post_raw(client, acme, body), 422, sessions)
+
+
+def test_nul_in_metadata_key_is_422(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+    body = b'{"domain": "billing", "prompt": "p", "response": "r", "metadata": {"k\\u0000": 1}}'
+
+    assert_rejected(post_raw(client, acme, body, "/v1/interactions"), 422, sessions)
+
+
+def test_wrong_types_are_422(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+    payload = {"domain": 42, "prompt": ["not", "text"], "response": None}
+    error = assert_rejected(client.post("/v1/interactions", json=payload, headers=acme.headers), 422, sessions)
+    assert error["code"] == "invalid_input"
+
+
+def test_unknown_fields_cannot_set_tenant_or_internal_flags(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    payload = {
+        "domain": "billing",
+        "prompt": "p",
+        "response": "r",
+        "tenant_id": "00000000-0000-4000-8000-000000000000",
+    }
+    response = client.post("/v1/interactions", json=payload, headers=acme.headers)
+
+    error = assert_rejected(response, 422, sessions)
+    assert "tenant_id" in error["message"]
+
+
+def test_text_over_the_length_cap_is_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    payload = {"domain": "billing", "prompt": "p", "response": "x" * 200_001}
+    assert_rejected(client.post("/v1/interactions", json=payload, headers=acme.headers), 422, sessions)
+
+
+def test_body_over_the_cap_is_413(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+    payload = {"domain": "billing", "prompt": "p", "response": "x" * (1024 * 1024)}
+    error = assert_rejected(client.post("/v1/interactions", json=payload, headers=acme.headers), 413, sessions)
+    assert error["code"] == "payload_too_large"
+
+
+def test_body_lying_about_its_length_is_413_without_being_read_whole(
+    settings: Settings, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    """A body longer than its Content-Length claims is cut off once it passes the cap."""
+    app = create_app(settings.model_copy(update={"max_body_bytes": 4096}))
+    chunks_read = 0
+    sent: list[dict[str, object]] = []
+
+    async def receive() -> dict[str, object]:
+        nonlocal chunks_read
+        chunks_read += 1
+        return {"type": "http.request", "body": b"x" * 1024, "more_body": chunks_read < 10_000}
+
+    async def send(message: dict[str, object]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/v1/interactions",
+        "raw_path": b"/v1/interactions",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [
+            (b"host", b"testserver"),
+            (b"content-type", b"application/json"),
+            (b"content-length", b"100"),  # the lie: 10 MB follow
+            (b"authorization", f"Bearer {acme.key}".encode()),
+        ],
+        "client": ("127.0.0.1", 1234),
+        "server": ("testserver", 80),
+        "state": {},
+    }
+    anyio.run(app, scope, receive, send)
+
+    start = next(message for message in sent if message["type"] == "http.response.start")
+    body = b"".join(m["body"] for m in sent if m["type"] == "http.response.body")  # type: ignore[misc]
+    assert start["status"] == 413
+    assert json.loads(body)["error"]["code"] == "payload_too_large"
+    assert chunks_read <= 5  # 4 KiB cap: stopped after the fifth 1 KiB chunk
+    assert count_rows(sessions, "interactions") == 0
+
+
+def test_declared_content_length_over_the_cap_is_413(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    headers = {**acme.headers, **JSON, "Content-Length": str(50 * 1024 * 1024)}
+    response = client.post("/v1/feedback", content=b"{}", headers=headers)
+
+    assert_rejected(response, 413, sessions)
+
+
+def test_non_json_content_type_is_415(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+    response = client.post(
+        "/v1/feedback", content=b"kind=rating", headers={**acme.headers, "Content-Type": "text/plain"}
+    )
+    error = assert_rejected(response, 415, sessions)
+    assert "application/json" in error["message"]
+
+
+def test_unknown_route_and_method_are_json_errors(client: TestClient, acme: Caller) -> None:
+    missing = client.get("/v1/nothing-here", headers=acme.headers)
+    wrong_method = client.delete("/v1/feedback", headers=acme.headers)
+
+    assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
+    assert (wrong_method.status_code, wrong_method.json()["error"]["code"]) == (405, "method_not_allowed")
+
+
+def test_malformed_interaction_id_in_path_is_422(client: TestClient, acme: Caller) -> None:
+    response = client.get("/v1/interactions/not-a-uuid", headers=acme.headers)
+
+    assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_input"

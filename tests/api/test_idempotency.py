@@ -1,0 +1,152 @@
+"""Idempotency-Key and event_id: a replay returns the first response and writes one row."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.db import unit_of_work
+from flywheel.errors import Conflict
+from flywheel.feedback import service
+from tests.conftest import Caller, count_rows
+
+RATING = {"domain": "billing", "kind": "rating", "prompt": "p", "response": "r", "value": {"stars": 3}}
+INTERACTION = {"domain": "billing", "prompt": "p", "response": "r"}
+
+
+@pytest.mark.parametrize(("path", "payload", "table"), [
+    ("/v1/feedback", RATING, "feedback_events"),
+    ("/v1/interactions", INTERACTION, "interactions"),
+])
+def test_same_key_same_body_replays_the_first_response(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], path: str, payload: dict[str, object], table: str
+) -> None:
+    headers = {**acme.headers, "Idempotency-Key": "req-1"}
+    first = client.post(path, json=payload, headers=headers)
+    second = client.post(path, json=payload, headers=headers)
+
+    assert (first.status_code, second.status_code) == (201, 201)
+    assert second.json() == first.json()
+    assert second.headers["Idempotent-Replayed"] == "true"
+    assert "Idempotent-Replayed" not in first.headers
+    assert count_rows(sessions, table) == 1
+
+
+@pytest.mark.parametrize(("path", "payload", "table"), [
+    ("/v1/feedback", RATING, "feedback_events"),
+    ("/v1/interactions", INTERACTION, "interactions"),
+])
+def test_same_key_different_body_is_409(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], path: str, payload: dict[str, object], table: str
+) -> None:
+    headers = {**acme.headers, "Idempotency-Key": "req-1"}
+    assert client.post(path, json=payload, headers=headers).status_code == 201
+
+    changed = client.post(path, json={**payload, "response": "different"}, headers=headers)
+
+    assert changed.status_code == 409
+    assert changed.json()["error"]["code"] == "conflict"
+    assert "Idempotency-Key" in changed.json()["error"]["message"]
+    assert count_rows(sessions, table) == 1
+
+
+def test_keys_are_scoped_per_tenant(
+    client: TestClient, acme: Caller, globex: Caller, sessions: sessionmaker[Session]
+) -> None:
+    first = client.post("/v1/feedback", json=RATING, headers={**acme.headers, "Idempotency-Key": "k"})
+    other = client.post("/v1/feedback", json=RATING, headers={**globex.headers, "Idempotency-Key": "k"})
+
+    assert (first.status_code, other.status_code) == (201, 201)
+    assert first.json()["id"] != other.json()["id"]
+    assert count_rows(sessions, "feedback_events") == 2
+
+
+def test_event_id_is_unique_per_tenant(
+    client: TestClient, acme: Caller, globex: Caller, sessions: sessionmaker[Session]
+) -> None:
+    event = {**RATING, "event_id": "evt-9"}
+    first = client.post("/v1/feedback", json=event, headers=acme.headers)
+    replay = client.post("/v1/feedback", json=event, headers=acme.headers)
+    changed = client.post("/v1/feedback", json={**event, "value": {"stars": 1}}, headers=acme.headers)
+    elsewhere = client.post("/v1/feedback", json=event, headers=globex.headers)
+
+    assert (first.status_code, replay.status_code, changed.status_code) == (201, 201, 409)
+    assert replay.json()["id"] == first.json()["id"]
+    assert "event_id" in changed.json()["error"]["message"]
+    assert elsewhere.status_code == 201
+    assert count_rows(sessions, "feedback_events") == 2
+
+
+@pytest.mark.parametrize("key", ["", "has space", "a#b", "x" * 201, "ünï"])
+def test_malformed_idempotency_key_is_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], key: str
+) -> None:
+    response = client.post(
+        "/v1/feedback", json=RATING, headers={**acme.headers, "Idempotency-Key": key.encode()}  # type: ignore[dict-item]
+    )
+    assert response.status_code == 422, response.text
+    assert count_rows(sessions, "feedback_events") == 0
+
+
+@pytest.mark.postgres_only
+def test_concurrent_duplicates_write_one_row(acme: Caller, sessions: sessionmaker[Session]) -> None:
+    """Eight writers race with one key, each in its own transaction: one row, one id."""
+    writers = 8
+    barrier = threading.Barrier(writers)
+    ids: list[uuid.UUID] = []
+    errors: list[BaseException] = []
+    new = service.NewFeedback(kind="rating", value={"stars": 5}, domain="billing", messages=[{"role": "user", "content": "p"}], response="r")
+
+    def write() -> None:
+        try:
+            with unit_of_work(sessions) as session:
+                barrier.wait()
+                recorded = service.record_feedback(
+                    session=session, tenant_id=acme.tenant_id, new=new, idempotency_key="race"
+                )
+            ids.append(recorded.id)
+        except BaseException as error:  # collected and asserted below
+            errors.append(error)
+
+    threads = [threading.Thread(target=write) for _ in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert errors == []
+    assert len(ids) == writers and len(set(ids)) == 1
+    assert count_rows(sessions, "feedback_events") == 1
+
+
+@pytest.mark.postgres_only
+def test_concurrent_different_bodies_one_wins_others_conflict(
+    acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    writers = 6
+    barrier = threading.Barrier(writers)
+    outcomes: list[str] = []
+
+    def write(stars: int) -> None:
+        new = service.NewFeedback(kind="rating", value={"stars": stars}, domain="billing", messages=[{"role": "user", "content": "p"}], response="r")
+        with unit_of_work(sessions) as session:
+            barrier.wait()
+            try:
+                service.record_feedback(session=session, tenant_id=acme.tenant_id, new=new, idempotency_key="race")
+                outcomes.append("written")
+            except Conflict:
+                outcomes.append("conflict")
+
+    threads = [threading.Thread(target=write, args=(1 + index % 5,)) for index in range(writers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    assert count_rows(sessions, "feedback_events") == 1
+    assert outcomes.count("written") >= 1
+    assert len(outcomes) == writers

@@ -1,0 +1,180 @@
+"""Test databases are real: PostgreSQL by default (FLYWHEEL_TEST_DB=sqlite for the embedded one).
+
+The schema is built by running the migrations, once per session; every test starts from empty
+tables. When PostgreSQL cannot be reached the tests error — they never skip.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import create_engine, make_url, text
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from api.app import create_app
+from flywheel import migrate
+from flywheel.db import make_session_factory, unit_of_work
+from flywheel.models import Base
+from flywheel.settings import Settings
+from flywheel.tenancy import service as tenancy
+
+BACKEND = os.environ.get("FLYWHEEL_TEST_DB", "postgres")
+POSTGRES_ADMIN_URL = os.environ.get(
+    "FLYWHEEL_TEST_POSTGRES_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres"
+)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """On SQLite, leave out (deselect, not skip) what only PostgreSQL can show."""
+    if BACKEND != "sqlite":
+        return
+    kept = [item for item in items if item.get_closest_marker("postgres_only") is None]
+    config.hook.pytest_deselected(items=[item for item in items if item not in kept])
+    items[:] = kept
+
+
+def create_postgres_database() -> str:
+    """A fresh, uniquely named database on the test server; its URL."""
+    name = f"flywheel_test_{uuid.uuid4().hex[:12]}"
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as error:
+        raise RuntimeError(
+            f"PostgreSQL tests need a server at {POSTGRES_ADMIN_URL} "
+            f"(set FLYWHEEL_TEST_POSTGRES_URL): {error}"
+        ) from error
+    finally:
+        admin.dispose()
+    return make_url(POSTGRES_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+
+
+def drop_postgres_database(url: str) -> None:
+    name = make_url(url).database
+    admin = create_engine(POSTGRES_ADMIN_URL, isolation_level="AUTOCOMMIT")
+    with admin.connect() as connection:
+        connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(scope="session")
+def database_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    if BACKEND == "sqlite":
+        url = f"sqlite:///{tmp_path_factory.mktemp('db') / 'flywheel.db'}"
+        migrate.upgrade(url)
+        yield url
+        return
+    if BACKEND != "postgres":
+        raise RuntimeError(f"FLYWHEEL_TEST_DB must be postgres or sqlite, not {BACKEND!r}")
+    url = create_postgres_database()
+    migrate.upgrade(url)
+    yield url
+    drop_postgres_database(url)
+
+
+@pytest.fixture(scope="session")
+def session_settings(database_url: str, tmp_path_factory: pytest.TempPathFactory) -> Settings:
+    return Settings(
+        database_url=database_url,
+        home=tmp_path_factory.mktemp("home"),
+        auth_cache_ttl_s=0,
+        rate_limit_per_s=100_000,
+        rate_limit_burst=100_000,
+    )
+
+
+@pytest.fixture(scope="session")
+def engine(session_settings: Settings) -> Iterator[Engine]:
+    from flywheel.db import make_engine
+
+    engine = make_engine(session_settings)
+    yield engine
+    engine.dispose()
+
+
+@pytest.fixture
+def sessions(engine: Engine) -> Iterator[sessionmaker[Session]]:
+    yield make_session_factory(engine)
+    _empty_tables(engine)
+
+
+def _empty_tables(engine: Engine) -> None:
+    tables = [table.name for table in reversed(Base.metadata.sorted_tables)]
+    with engine.begin() as connection:
+        if engine.dialect.name == "postgresql":
+            connection.execute(text(f"TRUNCATE {', '.join(tables)} CASCADE"))
+        else:
+            for table in tables:
+                connection.execute(text(f"DELETE FROM {table}"))
+
+
+@pytest.fixture
+def settings(session_settings: Settings) -> Settings:
+    return session_settings
+
+
+@pytest.fixture
+def client(settings: Settings, sessions: sessionmaker[Session]) -> Iterator[TestClient]:
+    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@dataclass(frozen=True)
+class Caller:
+    """A tenant with one domain and an API key, ready to send requests."""
+
+    tenant: str
+    tenant_id: uuid.UUID
+    domain: str
+    key: str
+    key_id: uuid.UUID
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"}
+
+
+def make_caller(
+    sessions: sessionmaker[Session],
+    tenant: str = "acme",
+    scopes: tuple[str, ...] = ("feedback:write", "data:read"),
+    domain: str = "billing",
+) -> Caller:
+    with unit_of_work(sessions) as session:
+        owner = tenancy.create_tenant(session=session, name=tenant)
+        tenancy.create_domain(session=session, tenant=owner, name=domain)
+        issued = tenancy.create_api_key(session=session, tenant=owner, scopes=scopes)
+    return Caller(tenant, owner.id, domain, issued.secret, issued.id)
+
+
+@pytest.fixture
+def acme(sessions: sessionmaker[Session]) -> Caller:
+    return make_caller(sessions)
+
+
+@pytest.fixture
+def globex(sessions: sessionmaker[Session]) -> Caller:
+    return make_caller(sessions, tenant="globex")
+
+
+def count_rows(sessions: sessionmaker[Session], table: str) -> int:
+    with sessions() as session:
+        return int(session.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
+
+
+@pytest.fixture
+def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty current directory with no FLYWHEEL_* settings: the quickstart's situation."""
+    for name in list(os.environ):
+        if name.startswith("FLYWHEEL_"):
+            monkeypatch.delenv(name)
+    monkeypatch.chdir(tmp_path)
+    return tmp_path
