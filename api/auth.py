@@ -63,7 +63,9 @@ class RateLimiter:
             if tokens < 1.0:
                 self._buckets[key_id] = (tokens, now)
                 retry_after_s = (1.0 - tokens) / self._rate_per_s
-                raise RateLimited("rate limit exceeded for this API key", retry_after_s=retry_after_s)
+                raise RateLimited(
+                    "rate limit exceeded for this API key", retry_after_s=retry_after_s
+                )
             self._buckets[key_id] = (tokens - 1.0, now)
 
 
@@ -83,9 +85,9 @@ def require(scope: Scope) -> Callable[[Request], Awaitable[Principal]]:
     async def dependency(request: Request) -> Principal:
         raw_key = bearer_key(request)
         authenticator: KeyAuthenticator = request.app.state.authenticator
-        principal = authenticator.cached(raw_key) or await run_in_threadpool(
-            authenticator.lookup, raw_key
-        )
+        principal = authenticator.cached(raw_key)
+        if principal is None:
+            principal = await run_in_threadpool(authenticator.lookup, raw_key)
         if not principal.has_scope(scope):
             raise Forbidden(f"this API key lacks the {scope.value!r} scope")
         request.app.state.rate_limiter.take(principal.key_id)

@@ -9,8 +9,17 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from flywheel.errors import Conflict, FlywheelError, Forbidden, InvalidInput, InvalidState, NotFound
-from flywheel.errors import RateLimited, SandboxUnavailable, Unauthenticated
+from flywheel.errors import (
+    Conflict,
+    FlywheelError,
+    Forbidden,
+    InvalidInput,
+    InvalidState,
+    NotFound,
+    RateLimited,
+    SandboxUnavailable,
+    Unauthenticated,
+)
 
 STATUS_BY_CODE = {
     InvalidInput.code: 422,

@@ -66,7 +66,9 @@ def create_interaction(
             session=session, tenant_id=principal.tenant_id, new=new, idempotency_key=idempotency_key
         )
     _count(request, response, [recorded])
-    return InteractionCreated(id=recorded.id, domain=recorded.domain, created_at=recorded.created_at)
+    return InteractionCreated(
+        id=recorded.id, domain=recorded.domain, created_at=recorded.created_at
+    )
 
 
 @router.get("/interactions/{interaction_id}", responses=ERRORS)

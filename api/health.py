@@ -24,10 +24,14 @@ def readyz(request: Request) -> Response:
         with request.app.state.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
     except SQLAlchemyError as error:
-        return error_response(503, "database_unavailable", f"database unreachable: {type(error).__name__}")
+        return error_response(
+            503, "database_unavailable", f"database unreachable: {type(error).__name__}"
+        )
     return Response('{"status":"ok"}', media_type="application/json")
 
 
 @router.get("/metrics", response_class=Response)
 async def metrics(request: Request) -> Response:
-    return Response(generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST)
+    return Response(
+        generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
+    )

@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 
 import typer
-from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; not re-exported
 from sqlalchemy.exc import OperationalError
+from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; not re-exported
 
 from flywheel.cli import admin, server
 from flywheel.errors import FlywheelError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import typer
 
@@ -18,7 +19,9 @@ TenantOption = typer.Option(..., "--tenant", "-t", help="Tenant name.")
 
 
 @tenants.command("create")
-def create_tenant(name: str = typer.Argument(..., help="Tenant name, e.g. acme."), as_json: bool = JsonOption) -> None:
+def create_tenant(
+    name: str = typer.Argument(..., help="Tenant name, e.g. acme."), as_json: bool = JsonOption
+) -> None:
     """Create a tenant."""
     with database_session() as session:
         tenant = service.create_tenant(session=session, name=name)
@@ -38,7 +41,10 @@ def list_tenants(as_json: bool = JsonOption) -> None:
 def create_key(
     tenant: str = TenantOption,
     scopes: list[str] = typer.Option(
-        ..., "--scopes", "-s", help="Comma-separated: feedback:write, data:read, models:write, admin."
+        ...,
+        "--scopes",
+        "-s",
+        help="Comma-separated: feedback:write, data:read, models:write, admin.",
     ),
     name: str = typer.Option("", "--name", help="A label to recognise the key by."),
     as_json: bool = JsonOption,
@@ -65,7 +71,7 @@ def list_keys(tenant: str = TenantOption, as_json: bool = JsonOption) -> None:
     """List a tenant's keys (never their secrets)."""
     with database_session() as session:
         owner = service.get_tenant(session=session, name=tenant)
-        data = [
+        data: list[dict[str, Any]] = [
             {
                 "id": str(key.id),
                 "name": key.name,
@@ -84,7 +90,9 @@ def list_keys(tenant: str = TenantOption, as_json: bool = JsonOption) -> None:
 
 
 @keys.command("revoke")
-def revoke_key(key_id: str = typer.Argument(..., help="The key's id."), as_json: bool = JsonOption) -> None:
+def revoke_key(
+    key_id: str = typer.Argument(..., help="The key's id."), as_json: bool = JsonOption
+) -> None:
     """Revoke an API key; it stops working within the API's auth cache TTL."""
     try:
         parsed = uuid.UUID(key_id)
@@ -92,7 +100,10 @@ def revoke_key(key_id: str = typer.Argument(..., help="The key's id."), as_json:
         raise InvalidInput(f"{key_id!r} is not a key id (a UUID)") from error
     with database_session() as session:
         key = service.revoke_api_key(session=session, key_id=parsed)
-        data = {"id": str(key.id), "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None}
+        data = {
+            "id": str(key.id),
+            "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
+        }
     emit(data, as_json=as_json, text=f"revoked key {key_id}")
 
 

@@ -14,7 +14,7 @@ db = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 
 
 def init(as_json: bool = JsonOption) -> None:
-    """Create the workspace (.flywheel/ or FLYWHEEL_HOME) and bring the database to the latest schema."""
+    """Create the workspace (.flywheel/ or FLYWHEEL_HOME) and migrate the database."""
     current = settings()
     current.home.mkdir(parents=True, exist_ok=True)
     revision = _upgrade(current.resolved_database_url)

@@ -78,7 +78,7 @@ def record_interaction(
     domain_ids = _domain_ids(session, tenant_id, [new.domain])
     if new.domain not in domain_ids:
         raise NotFound(f"domain {new.domain!r} not found")
-    row = {
+    row: dict[str, Any] = {
         "id": uuid.uuid4(),
         "created_at": utcnow(),
         "tenant_id": tenant_id,
@@ -127,13 +127,20 @@ def record_feedback(
     if resolved.errors:
         raise NotFound(resolved.errors[0]["message"])
     return record_feedback_batch_resolved(
-        session=session, tenant_id=tenant_id, events=[new], targets=resolved,
+        session=session,
+        tenant_id=tenant_id,
+        events=[new],
+        targets=resolved,
         idempotency_keys=[idempotency_key],
     )[0]
 
 
 def record_feedback_batch(
-    *, session: Session, tenant_id: uuid.UUID, events: Sequence[NewFeedback], idempotency_key: str | None
+    *,
+    session: Session,
+    tenant_id: uuid.UUID,
+    events: Sequence[NewFeedback],
+    idempotency_key: str | None,
 ) -> list[Recorded]:
     """Record many events in bulk, or none: every event is checked before any is written.
 
@@ -146,7 +153,9 @@ def record_feedback_batch(
             f"{len(resolved.errors)} of {len(events)} events are invalid; nothing was written",
             details=resolved.errors,
         )
-    keys = [f"{idempotency_key}#{index}" if idempotency_key else None for index in range(len(events))]
+    keys = [
+        f"{idempotency_key}#{index}" if idempotency_key else None for index in range(len(events))
+    ]
     return record_feedback_batch_resolved(
         session=session, tenant_id=tenant_id, events=events, targets=resolved, idempotency_keys=keys
     )
@@ -209,7 +218,9 @@ def record_feedback_batch_resolved(
             first = _find_duplicate(
                 session, FeedbackEvent, tenant_id, row["idempotency_key"], event.event_id
             )
-            _check_same_request(first, row["request_sha256"], row["idempotency_key"], event.event_id)
+            _check_same_request(
+                first, row["request_sha256"], row["idempotency_key"], event.event_id
+            )
             row["id"], created_at, is_replay = first.id, first.created_at, True
         recorded.append(
             Recorded(
@@ -248,12 +259,16 @@ def _feedback_row(
     }
 
 
-def _domain_ids(session: Session, tenant_id: uuid.UUID, names: Iterable[str]) -> dict[str, uuid.UUID]:
+def _domain_ids(
+    session: Session, tenant_id: uuid.UUID, names: Iterable[str]
+) -> dict[str, uuid.UUID]:
     names = set(names)
     if not names:
         return {}
-    query = select(Domain.name, Domain.id).where(Domain.tenant_id == tenant_id, Domain.name.in_(names))
-    return {name: domain_id for name, domain_id in session.execute(query)}
+    query = select(Domain.name, Domain.id).where(
+        Domain.tenant_id == tenant_id, Domain.name.in_(names)
+    )
+    return dict(session.execute(query))
 
 
 def _interaction_domains(
@@ -291,9 +306,13 @@ def _find_duplicate(
         matches.append(model.idempotency_key == idempotency_key)
     if event_id is not None and model is FeedbackEvent:
         matches.append(FeedbackEvent.event_id == event_id)
-    row = session.scalars(
-        select(model).where(model.tenant_id == tenant_id, or_(*matches)).limit(1)
-    ).first() if matches else None
+    row = (
+        session.scalars(
+            select(model).where(model.tenant_id == tenant_id, or_(*matches)).limit(1)
+        ).first()
+        if matches
+        else None
+    )
     if row is None:  # the conflicting row was deleted in between, or a bug: never guess
         raise Conflict("the request conflicts with a stored row that could not be found")
     return row
@@ -305,5 +324,7 @@ def _check_same_request(
     if first.request_sha256 == request_sha256:
         return
     if idempotency_key is not None and first.idempotency_key == idempotency_key:
-        raise Conflict(f"Idempotency-Key {idempotency_key!r} was already used for a different request")
+        raise Conflict(
+            f"Idempotency-Key {idempotency_key!r} was already used for a different request"
+        )
     raise Conflict(f"event_id {event_id!r} was already used for a different event")

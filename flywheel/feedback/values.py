@@ -52,9 +52,13 @@ def check_clean_json(value: JsonValue, depth: int = 0) -> JsonValue:
     return value
 
 
-Text = Annotated[str, StringConstraints(max_length=MAX_TEXT_CHARS), AfterValidator(check_clean_text)]
+Text = Annotated[
+    str, StringConstraints(max_length=MAX_TEXT_CHARS), AfterValidator(check_clean_text)
+]
 Name = Annotated[
-    str, StringConstraints(min_length=1, max_length=MAX_NAME_CHARS), AfterValidator(check_clean_text)
+    str,
+    StringConstraints(min_length=1, max_length=MAX_NAME_CHARS),
+    AfterValidator(check_clean_text),
 ]
 Metadata = Annotated[dict[str, JsonValue], AfterValidator(check_clean_json)]
 
@@ -82,7 +86,9 @@ class ModelRef(StrictModel):
 
     name: Name
     version: Name | None = None
-    adapter: Annotated[str, StringConstraints(max_length=1024), AfterValidator(check_clean_text)] | None = None
+    adapter: (
+        Annotated[str, StringConstraints(max_length=1024), AfterValidator(check_clean_text)] | None
+    ) = None
 
 
 class RatingValue(StrictModel):
@@ -101,7 +107,11 @@ class RatingValue(StrictModel):
 class CorrectionValue(StrictModel):
     """The response as the user edited it."""
 
-    text: Annotated[str, StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS), AfterValidator(check_clean_text)]
+    text: Annotated[
+        str,
+        StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS),
+        AfterValidator(check_clean_text),
+    ]
 
 
 class ComparisonValue(StrictModel):
@@ -129,7 +139,9 @@ class OutcomeValue(StrictModel):
     """Whether the task the response was for succeeded, e.g. a ticket was reopened."""
 
     success: StrictBool
-    reason: Annotated[str, StringConstraints(max_length=1024), AfterValidator(check_clean_text)] | None = None
+    reason: (
+        Annotated[str, StringConstraints(max_length=1024), AfterValidator(check_clean_text)] | None
+    ) = None
 
 
 FeedbackKind = Literal["rating", "correction", "comparison", "outcome"]

@@ -70,9 +70,7 @@ class PromotionEvent(IdMixin, Base):
 
     __tablename__ = "promotion_events"
     __table_args__ = (
-        CheckConstraint(
-            "action IN ('promote', 'rollback', 'auto_rollback')", name="action"
-        ),
+        CheckConstraint("action IN ('promote', 'rollback', 'auto_rollback')", name="action"),
         Index(None, "domain_id", "created_at"),
     )
 

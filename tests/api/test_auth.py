@@ -14,7 +14,13 @@ from flywheel.models import ApiKey
 from flywheel.tenancy import service as tenancy
 from tests.conftest import Caller, count_rows, make_caller
 
-RATING = {"domain": "billing", "kind": "rating", "prompt": "p", "response": "r", "value": {"stars": 3}}
+RATING = {
+    "domain": "billing",
+    "kind": "rating",
+    "prompt": "p",
+    "response": "r",
+    "value": {"stars": 3},
+}
 
 
 @pytest.mark.parametrize(
@@ -42,14 +48,18 @@ def test_missing_or_unknown_key_is_401(
 def test_right_prefix_wrong_secret_is_401(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session]
 ) -> None:
-    forged = acme.key[: -4] + ("AAAA" if not acme.key.endswith("AAAA") else "BBBB")
-    response = client.post("/v1/feedback", json=RATING, headers={"Authorization": f"Bearer {forged}"})
+    forged = acme.key[:-4] + ("AAAA" if not acme.key.endswith("AAAA") else "BBBB")
+    response = client.post(
+        "/v1/feedback", json=RATING, headers={"Authorization": f"Bearer {forged}"}
+    )
 
     assert response.status_code == 401
     assert count_rows(sessions, "feedback_events") == 0
 
 
-def test_revoked_key_is_401(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+def test_revoked_key_is_401(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
     assert client.post("/v1/feedback", json=RATING, headers=acme.headers).status_code == 201
     with unit_of_work(sessions) as session:
         tenancy.revoke_api_key(session=session, key_id=acme.key_id)
@@ -60,9 +70,7 @@ def test_revoked_key_is_401(client: TestClient, acme: Caller, sessions: sessionm
     assert count_rows(sessions, "feedback_events") == 1
 
 
-def test_key_without_the_scope_is_403(
-    client: TestClient, sessions: sessionmaker[Session]
-) -> None:
+def test_key_without_the_scope_is_403(client: TestClient, sessions: sessionmaker[Session]) -> None:
     reader = make_caller(sessions, scopes=("data:read",))
 
     response = client.post("/v1/feedback", json=RATING, headers=reader.headers)
@@ -72,17 +80,25 @@ def test_key_without_the_scope_is_403(
     assert count_rows(sessions, "feedback_events") == 0
 
 
-def test_writer_cannot_read_and_admin_can(client: TestClient, sessions: sessionmaker[Session]) -> None:
+def test_writer_cannot_read_and_admin_can(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
     writer = make_caller(sessions, scopes=("feedback:write",))
     created = client.post(
-        "/v1/interactions", json={"domain": "billing", "prompt": "p", "response": "r"}, headers=writer.headers
+        "/v1/interactions",
+        json={"domain": "billing", "prompt": "p", "response": "r"},
+        headers=writer.headers,
     ).json()
     with unit_of_work(sessions) as session:
         owner = tenancy.get_tenant(session=session, name="acme")
         admin = tenancy.create_api_key(session=session, tenant=owner, scopes=("admin",)).secret
 
-    assert client.get(f"/v1/interactions/{created['id']}", headers=writer.headers).status_code == 403
-    as_admin = client.get(f"/v1/interactions/{created['id']}", headers={"Authorization": f"Bearer {admin}"})
+    assert (
+        client.get(f"/v1/interactions/{created['id']}", headers=writer.headers).status_code == 403
+    )
+    as_admin = client.get(
+        f"/v1/interactions/{created['id']}", headers={"Authorization": f"Bearer {admin}"}
+    )
     assert as_admin.status_code == 200
 
 
@@ -100,7 +116,9 @@ def test_other_tenants_interaction_is_404(
     client: TestClient, acme: Caller, globex: Caller, sessions: sessionmaker[Session]
 ) -> None:
     theirs = client.post(
-        "/v1/interactions", json={"domain": "billing", "prompt": "p", "response": "r"}, headers=globex.headers
+        "/v1/interactions",
+        json={"domain": "billing", "prompt": "p", "response": "r"},
+        headers=globex.headers,
     ).json()["id"]
 
     read = client.get(f"/v1/interactions/{theirs}", headers=acme.headers)
@@ -111,7 +129,9 @@ def test_other_tenants_interaction_is_404(
     )
     batch = client.post(
         "/v1/feedback/batch",
-        json={"events": [{"interaction_id": theirs, "kind": "rating", "value": {"thumbs": "down"}}]},
+        json={
+            "events": [{"interaction_id": theirs, "kind": "rating", "value": {"thumbs": "down"}}]
+        },
         headers=acme.headers,
     )
 

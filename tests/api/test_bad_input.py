@@ -17,14 +17,19 @@ from tests.conftest import Caller, count_rows
 JSON = {"Content-Type": "application/json"}
 
 
-def post_raw(client: TestClient, caller: Caller, body: bytes, path: str = "/v1/feedback") -> httpx.Response:
+def post_raw(
+    client: TestClient, caller: Caller, body: bytes, path: str = "/v1/feedback"
+) -> httpx.Response:
     return client.post(path, content=body, headers={**caller.headers, **JSON})
 
 
-def assert_rejected(response: httpx.Response, status: int, sessions: sessionmaker[Session]) -> dict[str, str]:
+def assert_rejected(
+    response: httpx.Response, status: int, sessions: sessionmaker[Session]
+) -> dict[str, str]:
     assert response.status_code == status, response.text
     error = response.json()["error"]
-    assert error["code"] and error["message"]
+    assert error["code"]
+    assert error["message"]
     assert count_rows(sessions, "feedback_events") == 0
     assert count_rows(sessions, "interactions") == 0
     return dict(error)
@@ -40,8 +45,13 @@ def test_malformed_json_is_422(
     assert_rejected(post_raw(client, acme, body), 422, sessions)
 
 
-def test_invalid_utf8_is_4xx(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
-    body = b'{"domain": "billing", "kind": "rating", "prompt": "caf\xe9", "response": "r", "value": {"stars": 3}}'
+def test_invalid_utf8_is_4xx(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    body = (
+        b'{"domain": "billing", "kind": "rating", "prompt": "caf\xe9", '
+        b'"response": "r", "value": {"stars": 3}}'
+    )
     response = post_raw(client, acme, body)
 
     assert 400 <= response.status_code < 500
@@ -63,15 +73,21 @@ def test_nul_bytes_and_lone_surrogates_are_422(
     assert_rejected(post_raw(client, acme, body), 422, sessions)
 
 
-def test_nul_in_metadata_key_is_422(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+def test_nul_in_metadata_key_is_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
     body = b'{"domain": "billing", "prompt": "p", "response": "r", "metadata": {"k\\u0000": 1}}'
 
     assert_rejected(post_raw(client, acme, body, "/v1/interactions"), 422, sessions)
 
 
-def test_wrong_types_are_422(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+def test_wrong_types_are_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
     payload = {"domain": 42, "prompt": ["not", "text"], "response": None}
-    error = assert_rejected(client.post("/v1/interactions", json=payload, headers=acme.headers), 422, sessions)
+    error = assert_rejected(
+        client.post("/v1/interactions", json=payload, headers=acme.headers), 422, sessions
+    )
     assert error["code"] == "invalid_input"
 
 
@@ -94,12 +110,18 @@ def test_text_over_the_length_cap_is_422(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session]
 ) -> None:
     payload = {"domain": "billing", "prompt": "p", "response": "x" * 200_001}
-    assert_rejected(client.post("/v1/interactions", json=payload, headers=acme.headers), 422, sessions)
+    assert_rejected(
+        client.post("/v1/interactions", json=payload, headers=acme.headers), 422, sessions
+    )
 
 
-def test_body_over_the_cap_is_413(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+def test_body_over_the_cap_is_413(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
     payload = {"domain": "billing", "prompt": "p", "response": "x" * (1024 * 1024)}
-    error = assert_rejected(client.post("/v1/interactions", json=payload, headers=acme.headers), 413, sessions)
+    error = assert_rejected(
+        client.post("/v1/interactions", json=payload, headers=acme.headers), 413, sessions
+    )
     assert error["code"] == "payload_too_large"
 
 
@@ -158,9 +180,13 @@ def test_declared_content_length_over_the_cap_is_413(
     assert_rejected(response, 413, sessions)
 
 
-def test_non_json_content_type_is_415(client: TestClient, acme: Caller, sessions: sessionmaker[Session]) -> None:
+def test_non_json_content_type_is_415(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
     response = client.post(
-        "/v1/feedback", content=b"kind=rating", headers={**acme.headers, "Content-Type": "text/plain"}
+        "/v1/feedback",
+        content=b"kind=rating",
+        headers={**acme.headers, "Content-Type": "text/plain"},
     )
     error = assert_rejected(response, 415, sessions)
     assert "application/json" in error["message"]
@@ -171,7 +197,10 @@ def test_unknown_route_and_method_are_json_errors(client: TestClient, acme: Call
     wrong_method = client.delete("/v1/feedback", headers=acme.headers)
 
     assert (missing.status_code, missing.json()["error"]["code"]) == (404, "not_found")
-    assert (wrong_method.status_code, wrong_method.json()["error"]["code"]) == (405, "method_not_allowed")
+    assert (wrong_method.status_code, wrong_method.json()["error"]["code"]) == (
+        405,
+        "method_not_allowed",
+    )
 
 
 def test_malformed_interaction_id_in_path_is_422(client: TestClient, acme: Caller) -> None:

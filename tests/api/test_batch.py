@@ -27,9 +27,15 @@ def test_batch_writes_every_event_in_order(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session]
 ) -> None:
     interaction = client.post(
-        "/v1/interactions", json={"domain": "billing", "prompt": "p", "response": "r"}, headers=acme.headers
+        "/v1/interactions",
+        json={"domain": "billing", "prompt": "p", "response": "r"},
+        headers=acme.headers,
     ).json()
-    events = [rating(0), {"interaction_id": interaction["id"], "kind": "correction", "value": {"text": "better"}}, rating(2)]
+    events = [
+        rating(0),
+        {"interaction_id": interaction["id"], "kind": "correction", "value": {"text": "better"}},
+        rating(2),
+    ]
 
     response = client.post("/v1/feedback/batch", json={"events": events}, headers=acme.headers)
 
@@ -48,7 +54,9 @@ def test_full_batch_of_1000_is_accepted(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session]
 ) -> None:
     response = client.post(
-        "/v1/feedback/batch", json={"events": [rating(i) for i in range(1000)]}, headers=acme.headers
+        "/v1/feedback/batch",
+        json={"events": [rating(i) for i in range(1000)]},
+        headers=acme.headers,
     )
 
     assert response.status_code == 201, response.text[:500]
@@ -60,7 +68,9 @@ def test_batch_of_1001_is_422_and_writes_nothing(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session]
 ) -> None:
     response = client.post(
-        "/v1/feedback/batch", json={"events": [rating(i) for i in range(1001)]}, headers=acme.headers
+        "/v1/feedback/batch",
+        json={"events": [rating(i) for i in range(1001)]},
+        headers=acme.headers,
     )
 
     assert response.status_code == 422
@@ -112,7 +122,9 @@ def test_batch_replay_with_the_same_key(
 
     first = client.post("/v1/feedback/batch", json=body, headers=headers)
     replay = client.post("/v1/feedback/batch", json=body, headers=headers)
-    changed = client.post("/v1/feedback/batch", json={"events": [rating(5), *body["events"][1:]]}, headers=headers)
+    changed = client.post(
+        "/v1/feedback/batch", json={"events": [rating(5), *body["events"][1:]]}, headers=headers
+    )
 
     assert (first.status_code, replay.status_code, changed.status_code) == (201, 201, 409)
     assert replay.json() == first.json()
@@ -125,7 +137,9 @@ def test_batch_with_a_conflicting_event_id_writes_nothing(
     assert client.post("/v1/feedback", json=rating(1), headers=acme.headers).status_code == 201
     clash = {**rating(1), "value": {"thumbs": "down"}}
 
-    response = client.post("/v1/feedback/batch", json={"events": [rating(0), clash]}, headers=acme.headers)
+    response = client.post(
+        "/v1/feedback/batch", json={"events": [rating(0), clash]}, headers=acme.headers
+    )
 
     assert response.status_code == 409
     assert count_rows(sessions, "feedback_events") == 1

@@ -48,7 +48,11 @@ def test_feedback_on_an_interaction_is_stored(
 
     assert response.status_code == 201, response.text
     body = response.json()
-    assert (body["kind"], body["domain"], body["interaction_id"]) == (kind, "billing", interaction_id)
+    assert (body["kind"], body["domain"], body["interaction_id"]) == (
+        kind,
+        "billing",
+        interaction_id,
+    )
     with sessions() as session:
         row = session.scalars(select(FeedbackEvent)).one()
     assert str(row.id) == body["id"]
@@ -148,7 +152,11 @@ def test_invalid_feedback_is_422_and_writes_nothing(
         {"kind": "rating", "value": {"thumbs": "up"}},  # neither interaction nor domain
         {"kind": "rating", "value": {"thumbs": "up"}, "domain": "billing"},  # no conversation
         {"kind": "rating", "value": {"thumbs": "up"}, "domain": "billing", "prompt": "p"},
-        {"kind": "comparison", "value": {"responses": ["A", "B"], "tie": True}, "domain": "billing"},
+        {
+            "kind": "comparison",
+            "value": {"responses": ["A", "B"], "tie": True},
+            "domain": "billing",
+        },
     ],
 )
 def test_feedback_without_a_target_is_422(

@@ -14,16 +14,30 @@ from flywheel.errors import Conflict
 from flywheel.feedback import service
 from tests.conftest import Caller, count_rows
 
-RATING = {"domain": "billing", "kind": "rating", "prompt": "p", "response": "r", "value": {"stars": 3}}
+RATING = {
+    "domain": "billing",
+    "kind": "rating",
+    "prompt": "p",
+    "response": "r",
+    "value": {"stars": 3},
+}
 INTERACTION = {"domain": "billing", "prompt": "p", "response": "r"}
 
 
-@pytest.mark.parametrize(("path", "payload", "table"), [
-    ("/v1/feedback", RATING, "feedback_events"),
-    ("/v1/interactions", INTERACTION, "interactions"),
-])
+@pytest.mark.parametrize(
+    ("path", "payload", "table"),
+    [
+        ("/v1/feedback", RATING, "feedback_events"),
+        ("/v1/interactions", INTERACTION, "interactions"),
+    ],
+)
 def test_same_key_same_body_replays_the_first_response(
-    client: TestClient, acme: Caller, sessions: sessionmaker[Session], path: str, payload: dict[str, object], table: str
+    client: TestClient,
+    acme: Caller,
+    sessions: sessionmaker[Session],
+    path: str,
+    payload: dict[str, object],
+    table: str,
 ) -> None:
     headers = {**acme.headers, "Idempotency-Key": "req-1"}
     first = client.post(path, json=payload, headers=headers)
@@ -36,12 +50,20 @@ def test_same_key_same_body_replays_the_first_response(
     assert count_rows(sessions, table) == 1
 
 
-@pytest.mark.parametrize(("path", "payload", "table"), [
-    ("/v1/feedback", RATING, "feedback_events"),
-    ("/v1/interactions", INTERACTION, "interactions"),
-])
+@pytest.mark.parametrize(
+    ("path", "payload", "table"),
+    [
+        ("/v1/feedback", RATING, "feedback_events"),
+        ("/v1/interactions", INTERACTION, "interactions"),
+    ],
+)
 def test_same_key_different_body_is_409(
-    client: TestClient, acme: Caller, sessions: sessionmaker[Session], path: str, payload: dict[str, object], table: str
+    client: TestClient,
+    acme: Caller,
+    sessions: sessionmaker[Session],
+    path: str,
+    payload: dict[str, object],
+    table: str,
 ) -> None:
     headers = {**acme.headers, "Idempotency-Key": "req-1"}
     assert client.post(path, json=payload, headers=headers).status_code == 201
@@ -57,8 +79,12 @@ def test_same_key_different_body_is_409(
 def test_keys_are_scoped_per_tenant(
     client: TestClient, acme: Caller, globex: Caller, sessions: sessionmaker[Session]
 ) -> None:
-    first = client.post("/v1/feedback", json=RATING, headers={**acme.headers, "Idempotency-Key": "k"})
-    other = client.post("/v1/feedback", json=RATING, headers={**globex.headers, "Idempotency-Key": "k"})
+    first = client.post(
+        "/v1/feedback", json=RATING, headers={**acme.headers, "Idempotency-Key": "k"}
+    )
+    other = client.post(
+        "/v1/feedback", json=RATING, headers={**globex.headers, "Idempotency-Key": "k"}
+    )
 
     assert (first.status_code, other.status_code) == (201, 201)
     assert first.json()["id"] != other.json()["id"]
@@ -71,7 +97,9 @@ def test_event_id_is_unique_per_tenant(
     event = {**RATING, "event_id": "evt-9"}
     first = client.post("/v1/feedback", json=event, headers=acme.headers)
     replay = client.post("/v1/feedback", json=event, headers=acme.headers)
-    changed = client.post("/v1/feedback", json={**event, "value": {"stars": 1}}, headers=acme.headers)
+    changed = client.post(
+        "/v1/feedback", json={**event, "value": {"stars": 1}}, headers=acme.headers
+    )
     elsewhere = client.post("/v1/feedback", json=event, headers=globex.headers)
 
     assert (first.status_code, replay.status_code, changed.status_code) == (201, 201, 409)
@@ -86,7 +114,9 @@ def test_malformed_idempotency_key_is_422(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session], key: str
 ) -> None:
     response = client.post(
-        "/v1/feedback", json=RATING, headers={**acme.headers, "Idempotency-Key": key.encode()}  # type: ignore[dict-item]
+        "/v1/feedback",
+        json=RATING,
+        headers={**acme.headers, "Idempotency-Key": key.encode()},  # type: ignore[dict-item]
     )
     assert response.status_code == 422, response.text
     assert count_rows(sessions, "feedback_events") == 0
@@ -99,7 +129,13 @@ def test_concurrent_duplicates_write_one_row(acme: Caller, sessions: sessionmake
     barrier = threading.Barrier(writers)
     ids: list[uuid.UUID] = []
     errors: list[BaseException] = []
-    new = service.NewFeedback(kind="rating", value={"stars": 5}, domain="billing", messages=[{"role": "user", "content": "p"}], response="r")
+    new = service.NewFeedback(
+        kind="rating",
+        value={"stars": 5},
+        domain="billing",
+        messages=[{"role": "user", "content": "p"}],
+        response="r",
+    )
 
     def write() -> None:
         try:
@@ -119,7 +155,8 @@ def test_concurrent_duplicates_write_one_row(acme: Caller, sessions: sessionmake
         thread.join()
 
     assert errors == []
-    assert len(ids) == writers and len(set(ids)) == 1
+    assert len(ids) == writers
+    assert len(set(ids)) == 1
     assert count_rows(sessions, "feedback_events") == 1
 
 
@@ -132,11 +169,19 @@ def test_concurrent_different_bodies_one_wins_others_conflict(
     outcomes: list[str] = []
 
     def write(stars: int) -> None:
-        new = service.NewFeedback(kind="rating", value={"stars": stars}, domain="billing", messages=[{"role": "user", "content": "p"}], response="r")
+        new = service.NewFeedback(
+            kind="rating",
+            value={"stars": stars},
+            domain="billing",
+            messages=[{"role": "user", "content": "p"}],
+            response="r",
+        )
         with unit_of_work(sessions) as session:
             barrier.wait()
             try:
-                service.record_feedback(session=session, tenant_id=acme.tenant_id, new=new, idempotency_key="race")
+                service.record_feedback(
+                    session=session, tenant_id=acme.tenant_id, new=new, idempotency_key="race"
+                )
                 outcomes.append("written")
             except Conflict:
                 outcomes.append("conflict")

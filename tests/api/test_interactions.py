@@ -55,7 +55,12 @@ def test_prompt_becomes_a_user_message(
 
 def test_get_interaction_returns_it_with_its_feedback(client: TestClient, acme: Caller) -> None:
     created = client.post("/v1/interactions", json=INTERACTION, headers=acme.headers).json()
-    rating = {"interaction_id": created["id"], "kind": "rating", "value": {"stars": 4}, "rater": "u-42"}
+    rating = {
+        "interaction_id": created["id"],
+        "kind": "rating",
+        "value": {"stars": 4},
+        "rater": "u-42",
+    }
     assert client.post("/v1/feedback", json=rating, headers=acme.headers).status_code == 201
 
     response = client.get(f"/v1/interactions/{created['id']}", headers=acme.headers)

@@ -10,7 +10,13 @@ from api.app import create_app
 from flywheel.settings import Settings
 from tests.conftest import Caller, count_rows, make_caller
 
-RATING = {"domain": "billing", "kind": "rating", "prompt": "p", "response": "r", "value": {"stars": 3}}
+RATING = {
+    "domain": "billing",
+    "kind": "rating",
+    "prompt": "p",
+    "response": "r",
+    "value": {"stars": 3},
+}
 
 
 def test_rate_limit_is_429_with_retry_after_per_key(
@@ -19,7 +25,10 @@ def test_rate_limit_is_429_with_retry_after_per_key(
     other = make_caller(sessions, tenant="globex")
     limited = settings.model_copy(update={"rate_limit_per_s": 0.01, "rate_limit_burst": 2})
     with TestClient(create_app(limited)) as client:
-        statuses = [client.post("/v1/feedback", json=RATING, headers=acme.headers).status_code for _ in range(3)]
+        statuses = [
+            client.post("/v1/feedback", json=RATING, headers=acme.headers).status_code
+            for _ in range(3)
+        ]
         refused = client.post("/v1/feedback", json=RATING, headers=acme.headers)
         other_key = client.post("/v1/feedback", json=RATING, headers=other.headers)
 
@@ -39,7 +48,11 @@ def test_healthz_and_readyz(client: TestClient) -> None:
 
 def test_readyz_is_503_when_the_database_is_unreachable(settings: Settings) -> None:
     broken = settings.model_copy(
-        update={"database_url": SecretStr("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1")}
+        update={
+            "database_url": SecretStr(
+                "postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1"
+            )
+        }
     )
     with TestClient(create_app(broken)) as client:
         response = client.get("/readyz")
@@ -54,7 +67,11 @@ def test_metrics_count_requests_and_ingested_events(client: TestClient, acme: Ca
 
     text = client.get("/metrics").text
 
-    assert 'flywheel_http_requests_total{method="POST",route="/v1/feedback",status="201"} 1.0' in text
-    assert 'flywheel_http_requests_total{method="POST",route="/v1/feedback",status="422"} 1.0' in text
+    assert (
+        'flywheel_http_requests_total{method="POST",route="/v1/feedback",status="201"} 1.0' in text
+    )
+    assert (
+        'flywheel_http_requests_total{method="POST",route="/v1/feedback",status="422"} 1.0' in text
+    )
     assert 'flywheel_events_ingested_total{kind="rating"} 1.0' in text
     assert "flywheel_http_request_duration_seconds_bucket" in text

@@ -1,0 +1,147 @@
+"""The admin CLI through its real entry point, on the test database and on the embedded one."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.cli import main
+from flywheel.models import ApiKey, Domain, Tenant
+from tests.conftest import count_rows
+
+
+def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def on_test_database(
+    database_url: str, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> sessionmaker[Session]:
+    monkeypatch.setenv("FLYWHEEL_DATABASE_URL", database_url)
+    return sessions
+
+
+def test_tenant_domain_and_key_lifecycle(
+    on_test_database: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, _ = run(capsys, "tenants", "create", "acme", "--json")
+    assert code == 0
+    tenant = json.loads(out)
+    assert tenant["name"] == "acme"
+
+    assert run(capsys, "domains", "create", "billing", "--tenant", "acme")[0] == 0
+    code, out, _ = run(
+        capsys, "keys", "create", "-t", "acme", "-s", "feedback:write,data:read", "--json"
+    )
+    assert code == 0
+    issued = json.loads(out)
+    assert issued["key"].startswith("fwk_")
+    assert issued["scopes"] == ["feedback:write", "data:read"]
+
+    code, out, _ = run(capsys, "keys", "list", "-t", "acme", "--json")
+    listed = json.loads(out)
+    assert [item["id"] for item in listed] == [issued["id"]]
+    assert issued["key"] not in out  # shown once, never again
+
+    assert run(capsys, "keys", "revoke", issued["id"])[0] == 0
+    with on_test_database() as session:
+        key = session.scalars(select(ApiKey)).one()
+        assert key.revoked_at is not None
+        assert session.scalars(select(Domain.name)).all() == ["billing"]
+        assert str(session.scalars(select(Tenant.id)).one()) == tenant["id"]
+
+
+@pytest.mark.parametrize(
+    ("args", "fragment"),
+    [
+        (("tenants", "create", "Not Valid"), "tenant name 'Not Valid' must be"),
+        (("domains", "create", "billing", "--tenant", "nobody"), "tenant 'nobody' not found"),
+        (("keys", "create", "-t", "acme", "-s", "root"), "unknown or missing scopes ['root']"),
+        (("keys", "create", "-t", "acme"), "Missing option '--scopes'"),
+        (("keys", "revoke", "not-a-uuid"), "is not a key id"),
+        (("keys", "revoke", str(uuid.UUID(int=1))), "not found"),
+        (("tenants", "create", "acme"), "tenant 'acme' already exists"),
+        (("tenants", "frobnicate"), "No such command"),
+    ],
+)
+def test_bad_input_exits_non_zero_with_one_line(
+    on_test_database: sessionmaker[Session],
+    capsys: pytest.CaptureFixture[str],
+    args: tuple[str, ...],
+    fragment: str,
+) -> None:
+    assert run(capsys, "tenants", "create", "acme")[0] == 0
+    tenants_before = count_rows(on_test_database, "tenants")
+
+    code, out, err = run(capsys, *args)
+
+    assert code != 0
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("error: ")
+    assert fragment in err
+    assert count_rows(on_test_database, "tenants") == tenants_before
+
+
+def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for command in (
+        [],
+        ["init"],
+        ["serve"],
+        ["db", "upgrade"],
+        ["db", "current"],
+        ["tenants", "create"],
+        ["tenants", "list"],
+        ["keys", "create"],
+        ["keys", "list"],
+        ["keys", "revoke"],
+        ["domains", "create"],
+        ["domains", "list"],
+    ):
+        code, out, _ = run(capsys, *command, "--help")
+        assert code == 0, command
+        assert "Usage" in out
+
+
+def test_unmigrated_database_is_refused_with_a_hint(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, _, err = run(capsys, "tenants", "list")
+
+    assert code == 1
+    assert "run `flywheel init`" in err
+
+
+def test_unreachable_database_is_one_line(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(
+        "FLYWHEEL_DATABASE_URL", "postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1"
+    )
+
+    code, _, err = run(capsys, "tenants", "list")
+
+    assert code == 1
+    assert err.startswith("error: database unreachable")
+    assert err.count("\n") == 1
+
+
+def test_init_on_the_embedded_default(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(capsys, "init", "--json")
+
+    assert code == 0
+    assert json.loads(out)["revision"]
+    assert (workspace / ".flywheel" / "flywheel.db").is_file()
+    assert run(capsys, "init")[0] == 0  # idempotent
+    assert run(capsys, "tenants", "create", "acme")[0] == 0
+    code, out, _ = run(capsys, "db", "current", "--json")
+    current = json.loads(out)
+    assert current["revision"] == current["head"]

@@ -1,0 +1,83 @@
+"""Migrations: one head, upgrade/downgrade/upgrade round trip, schema identical to the models."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
+from sqlalchemy import create_engine, inspect, pool
+
+from flywheel import migrate
+from flywheel.models import Base
+from tests.conftest import create_postgres_database, drop_postgres_database
+
+
+@pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres_only), "sqlite"])
+def empty_database(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    if request.param == "sqlite":
+        yield f"sqlite:///{tmp_path / 'migrations.db'}"
+        return
+    url = create_postgres_database()
+    yield url
+    drop_postgres_database(url)
+
+
+def table_names(url: str) -> set[str]:
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        return set(inspect(engine).get_table_names()) - {"alembic_version"}
+    finally:
+        engine.dispose()
+
+
+def schema_diff(url: str) -> list[object]:
+    engine = create_engine(url, poolclass=pool.NullPool)
+    try:
+        with engine.connect() as connection:
+            context = MigrationContext.configure(connection, opts={"compare_type": True})
+            return list(compare_metadata(context, Base.metadata))
+    finally:
+        engine.dispose()
+
+
+def test_there_is_exactly_one_head(database_url: str) -> None:
+    script = ScriptDirectory.from_config(migrate.alembic_config(database_url))
+    assert len(script.get_heads()) == 1
+
+
+def test_revision_files_are_date_prefixed(database_url: str) -> None:
+    script = ScriptDirectory.from_config(migrate.alembic_config(database_url))
+    for revision in script.walk_revisions():
+        name = Path(revision.path).name
+        assert name[:11].replace("_", "").isdigit(), name
+        assert revision.revision in name
+
+
+def test_round_trip_and_schema_matches_models(empty_database: str) -> None:
+    migrate.upgrade(empty_database)
+    assert table_names(empty_database) == set(Base.metadata.tables)
+    assert schema_diff(empty_database) == []
+
+    migrate.downgrade(empty_database, "base")
+    assert table_names(empty_database) == set()
+
+    migrate.upgrade(empty_database)
+    assert table_names(empty_database) == set(Base.metadata.tables)
+    assert schema_diff(empty_database) == []
+
+
+def test_every_constraint_is_named_by_the_convention(database_url: str) -> None:
+    engine = create_engine(database_url, poolclass=pool.NullPool)
+    try:
+        inspector = inspect(engine)
+        for table in Base.metadata.tables:
+            for unique in inspector.get_unique_constraints(table):
+                assert (unique["name"] or "").startswith(f"uq_{table}_"), unique
+            for foreign_key in inspector.get_foreign_keys(table):
+                assert (foreign_key["name"] or "").startswith(f"fk_{table}_"), foreign_key
+    finally:
+        engine.dispose()
