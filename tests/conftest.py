@@ -123,7 +123,7 @@ def settings(session_settings: Settings) -> Settings:
 
 @pytest.fixture
 def client(settings: Settings, sessions: sessionmaker[Session]) -> Iterator[TestClient]:
-    with TestClient(create_app(settings), raise_server_exceptions=False) as test_client:
+    with TestClient(create_app(settings)) as test_client:
         yield test_client
 
 

@@ -268,7 +268,7 @@ def _domain_ids(
     query = select(Domain.name, Domain.id).where(
         Domain.tenant_id == tenant_id, Domain.name.in_(names)
     )
-    return dict(session.execute(query))
+    return {name: domain_id for name, domain_id in session.execute(query)}  # noqa: C416 - rows are not pairs to dict()
 
 
 def _interaction_domains(

@@ -1,0 +1,315 @@
+"""Benchmark: the feedback API against bare baselines, side by side in one run, on PostgreSQL.
+
+1. Single-event `POST /v1/feedback` (auth, validation, idempotency key per request) vs a bare
+   FastAPI endpoint doing one plain INSERT; both with 2 uvicorn workers, driven by `wrk`.
+   Runs alternate (bare, full, bare, full...) so drift hits both; the median round counts.
+2. `POST /v1/feedback/batch` (1,000 events per request) events/s vs a raw `COPY` of the same
+   rows into the same table.
+
+    python bench/feedback_api.py [--duration-s 10] [--rounds 3] [--connections 32]
+
+Needs PostgreSQL (FLYWHEEL_TEST_POSTGRES_URL, as the tests) and `wrk` (apt-get install wrk).
+Prints ratios; asserts nothing: machines here are shared and noisy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg.types.json import Jsonb
+from sqlalchemy import create_engine, make_url
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from bench.bare_app import METADATA  # noqa: E402 - after the path setup above
+from flywheel import migrate  # noqa: E402
+from flywheel.db import make_session_factory, unit_of_work  # noqa: E402
+from flywheel.tenancy import service as tenancy  # noqa: E402
+from tests.conftest import create_postgres_database, drop_postgres_database  # noqa: E402
+
+EVENT = {
+    "domain": "billing",
+    "kind": "rating",
+    "prompt": "Why was I charged twice this month?",
+    "response": "I am sorry about that: the duplicate charge has been refunded.",
+    "value": {"stars": 4},
+    "rater": "u-42",
+}
+
+WRK_SCRIPT = """
+local counter = 0
+local thread_id = 0
+local threads = {}
+function setup(thread)
+  thread:set("id", #threads)
+  table.insert(threads, thread)
+end
+function init(args)
+  thread_id = id
+end
+request = function()
+  counter = counter + 1
+  wrk.headers["Idempotency-Key"] = string.format("bench-%s-%d-%d", RUN, thread_id, counter)
+  return wrk.format("POST", PATH, nil, BODY)
+end
+"""
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@contextmanager
+def uvicorn_server(target: str, env: dict[str, str], workers: int = 2) -> Iterator[str]:
+    port = free_port()
+    command = [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        target,
+        "--factory",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--no-access-log",
+        "--log-level",
+        "warning",
+    ]
+    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{base}/docs", timeout=1)
+                break
+            except httpx.TransportError:
+                time.sleep(0.2)
+        time.sleep(1.0)  # let both workers finish starting
+        yield base
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def run_wrk(
+    url: str, headers: dict[str, str], body: str, duration_s: int, connections: int
+) -> dict[str, float]:
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as script:
+        run_id = uuid.uuid4().hex[:8]
+        path = httpx.URL(url).raw_path.decode()
+        script.write(
+            f"RUN = {json.dumps(run_id)}\nPATH = {json.dumps(path)}\nBODY = {json.dumps(body)}\n"
+        )
+        script.write(WRK_SCRIPT)
+    command = ["wrk", "-t2", f"-c{connections}", f"-d{duration_s}s", "--latency", "-s", script.name]
+    for name, value in headers.items():
+        command += ["-H", f"{name}: {value}"]
+    output = subprocess.run([*command, url], capture_output=True, text=True, check=True).stdout
+    os.unlink(script.name)
+    return parse_wrk(output)
+
+
+def parse_wrk(output: str) -> dict[str, float]:
+    def latency_ms(label: str) -> float:
+        match = re.search(rf"^\s+{label}%\s+([\d.]+)(us|ms|s)\s*$", output, re.MULTILINE)
+        if match is None:
+            raise RuntimeError(f"no {label}% latency in wrk output:\n{output}")
+        value, unit = float(match.group(1)), match.group(2)
+        return value / 1000 if unit == "us" else value * 1000 if unit == "s" else value
+
+    requests_per_s = float(re.search(r"Requests/sec:\s+([\d.]+)", output).group(1))  # type: ignore[union-attr]
+    non_2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", output)
+    errors = re.search(r"Socket errors: (.*)", output)
+    if non_2xx or errors:
+        raise RuntimeError(f"wrk saw failed requests:\n{output}")
+    return {"rps": requests_per_s, "p50_ms": latency_ms("50"), "p99_ms": latency_ms("99")}
+
+
+def single_event(database_url: str, key: str, args: argparse.Namespace) -> None:
+    env = {
+        **os.environ,
+        "FLYWHEEL_DATABASE_URL": database_url,
+        "FLYWHEEL_RATE_LIMIT_PER_S": "1e9",
+        "FLYWHEEL_RATE_LIMIT_BURST": "1000000000",
+    }
+    body = json.dumps(EVENT)
+    results: dict[str, list[dict[str, float]]] = {"bare": [], "flywheel": []}
+    with (
+        uvicorn_server("bench.bare_app:create_app", env) as bare,
+        uvicorn_server("api.app:create_app", env) as full,
+    ):
+        json_header = {"Content-Type": "application/json"}
+        full_headers = {**json_header, "Authorization": f"Bearer {key}"}
+        run_wrk(f"{bare}/bare", json_header, body, 2, args.connections)  # warm up
+        run_wrk(f"{full}/v1/feedback", full_headers, body, 2, args.connections)
+        for round_index in range(args.rounds):
+            results["bare"].append(
+                run_wrk(f"{bare}/bare", json_header, body, args.duration_s, args.connections)
+            )
+            results["flywheel"].append(
+                run_wrk(
+                    f"{full}/v1/feedback", full_headers, body, args.duration_s, args.connections
+                )
+            )
+            print(
+                f"  round {round_index + 1}: bare {results['bare'][-1]}"
+                f"  flywheel {results['flywheel'][-1]}"
+            )
+    bare_rps = statistics.median(r["rps"] for r in results["bare"])
+    full_rps = statistics.median(r["rps"] for r in results["flywheel"])
+    print("\nsingle-event POST, 2 workers, median of rounds")
+    print(f"{'endpoint':<28}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
+    for name, rows in results.items():
+        print(
+            f"{name:<28}{statistics.median(r['rps'] for r in rows):>10.0f}"
+            f"{statistics.median(r['p50_ms'] for r in rows):>10.2f}"
+            f"{statistics.median(r['p99_ms'] for r in rows):>10.2f}"
+        )
+    print(f"ratio flywheel/bare req/s: {full_rps / bare_rps:.2f}  (goal >= 0.8)")
+
+
+def batch_events(
+    database_url: str,
+    key: str,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    args: argparse.Namespace,
+) -> None:
+    env = {**os.environ, "FLYWHEEL_DATABASE_URL": database_url, "FLYWHEEL_RATE_LIMIT_PER_S": "1e9"}
+    batches = args.batches
+    payloads = [
+        json.dumps({"events": [{**EVENT, "event_id": f"b{b}-e{i}"} for i in range(1000)]})
+        for b in range(batches)
+    ]
+    headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
+    with uvicorn_server("api.app:create_app", env) as full, httpx.Client(timeout=120) as client:
+        client.post(
+            f"{full}/v1/feedback/batch", content=payloads[0], headers=headers
+        ).raise_for_status()
+        started = time.perf_counter()
+        with ThreadPoolExecutor(2) as pool:
+            statuses = list(
+                pool.map(
+                    lambda payload: (
+                        client.post(
+                            f"{full}/v1/feedback/batch", content=payload, headers=headers
+                        ).status_code
+                    ),
+                    payloads[1:],
+                )
+            )
+        api_s = time.perf_counter() - started
+    assert set(statuses) == {201}, statuses
+    api_events_per_s = (batches - 1) * 1000 / api_s
+
+    rows = copy_rows(tenant_id, domain_id, (batches - 1) * 1000)
+    plain_url = (
+        make_url(database_url).set(drivername="postgresql").render_as_string(hide_password=False)
+    )
+    with psycopg.connect(plain_url) as connection:
+        started = time.perf_counter()
+        with (
+            connection.cursor() as cursor,
+            cursor.copy(
+                "COPY feedback_events (id, created_at, tenant_id, domain_id, kind, value, "
+                "messages, response, rater, event_id, request_sha256) FROM STDIN"
+            ) as copy,
+        ):
+            for row in rows:
+                copy.write_row(row)
+        connection.commit()
+        copy_s = time.perf_counter() - started
+    copy_events_per_s = len(rows) / copy_s
+    print(
+        f"\nbatch: {batches - 1} x 1,000 events through POST /v1/feedback/batch"
+        " (2 clients, 2 workers)"
+    )
+    print(f"{'path':<28}{'events/s':>12}")
+    print(f"{'flywheel batch API':<28}{api_events_per_s:>12.0f}")
+    print(f"{'raw COPY':<28}{copy_events_per_s:>12.0f}")
+    print(f"ratio API/COPY events/s: {api_events_per_s / copy_events_per_s:.2f}  (goal >= 0.5)")
+
+
+def copy_rows(tenant_id: uuid.UUID, domain_id: uuid.UUID, count: int) -> list[tuple[Any, ...]]:
+    now = datetime.now(UTC)
+    messages = Jsonb([{"role": "user", "content": EVENT["prompt"]}])
+    return [
+        (
+            uuid.uuid4(),
+            now,
+            tenant_id,
+            domain_id,
+            "rating",
+            Jsonb({"stars": 4}),
+            messages,
+            EVENT["response"],
+            "u-42",
+            f"copy-{index}",
+            "0" * 64,
+        )
+        for index in range(count)
+    ]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--duration-s", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--batches", type=int, default=21)
+    args = parser.parse_args()
+    if shutil.which("wrk") is None:
+        sys.exit("error: this benchmark needs wrk: apt-get install wrk")
+
+    database_url = create_postgres_database()
+    try:
+        migrate.upgrade(database_url)
+        engine = create_engine(database_url)
+        METADATA.create_all(engine)
+        with unit_of_work(make_session_factory(engine)) as session:
+            tenant = tenancy.create_tenant(session=session, name="bench")
+            domain = tenancy.create_domain(session=session, tenant=tenant, name="billing")
+            key = tenancy.create_api_key(
+                session=session, tenant=tenant, scopes=("feedback:write",)
+            ).secret
+            ids = (tenant.id, domain.id)
+        engine.dispose()
+        print(
+            f"PostgreSQL database {make_url(database_url).database}; {os.cpu_count()} CPUs"
+            " shared by load generator, servers and database"
+        )
+        single_event(database_url, key, args)
+        batch_events(database_url, key, ids[0], ids[1], args)
+    finally:
+        drop_postgres_database(database_url)
+
+
+if __name__ == "__main__":
+    main()
