@@ -26,7 +26,11 @@ BARE_EVENTS = Table(
 
 
 def create_app() -> FastAPI:
-    engine = create_engine(os.environ["FLYWHEEL_DATABASE_URL"], pool_size=10, max_overflow=10)
+    # The same pool as Flywheel's own engine (flywheel.db.make_engine) with its defaults.
+    pool_size = int(os.environ.get("FLYWHEEL_DB_POOL_SIZE", "20"))
+    engine = create_engine(
+        os.environ["FLYWHEEL_DATABASE_URL"], pool_size=pool_size, max_overflow=0, pool_recycle=1800
+    )
     app = FastAPI()
 
     @app.post("/bare", status_code=201)

@@ -73,8 +73,9 @@ def make_engine(settings: Settings) -> Engine:
     return create_engine(
         url,
         pool_size=settings.db_pool_size,
-        max_overflow=settings.db_pool_size,
-        pool_pre_ping=True,
+        max_overflow=0,
+        pool_pre_ping=settings.db_pool_pre_ping,
+        pool_recycle=1800,
     )
 
 

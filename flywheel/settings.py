@@ -24,7 +24,16 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. "
         "Unset: a SQLite file in the workspace (quickstart only).",
     )
-    db_pool_size: int = Field(default=10, ge=1, description="Connections per process.")
+    db_pool_size: int = Field(
+        default=20,
+        ge=1,
+        description="Connections per process. No overflow: connections are reused, never churned.",
+    )
+    db_pool_pre_ping: bool = Field(
+        default=False,
+        description="Test each connection on checkout (one more round trip per request). "
+        "Off: a dropped connection fails one request and the pool is refreshed.",
+    )
 
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")
     rate_limit_per_s: float = Field(

@@ -15,7 +15,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Table, or_, select
+from sqlalchemy import Select, Table, literal, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -75,14 +75,11 @@ def request_fingerprint(item: NewInteraction | NewFeedback) -> str:
 def record_interaction(
     *, session: Session, tenant_id: uuid.UUID, new: NewInteraction, idempotency_key: str | None
 ) -> Recorded:
-    domain_ids = _domain_ids(session, tenant_id, [new.domain])
-    if new.domain not in domain_ids:
-        raise NotFound(f"domain {new.domain!r} not found")
+    """Record one interaction; NotFound for an unknown domain, Conflict for a reused key."""
     row: dict[str, Any] = {
         "id": uuid.uuid4(),
         "created_at": utcnow(),
         "tenant_id": tenant_id,
-        "domain_id": domain_ids[new.domain],
         "messages": new.messages,
         "response": new.response,
         "model_name": new.model_name,
@@ -93,9 +90,12 @@ def record_interaction(
         "idempotency_key": idempotency_key,
         "request_sha256": request_fingerprint(new),
     }
-    if _insert_ignoring_conflicts(session, INTERACTIONS, [row]):
+    domain = select(Domain.id).where(Domain.tenant_id == tenant_id, Domain.name == new.domain)
+    if _insert_one(session, INTERACTIONS, row, domain_id_from=domain) is not None:
         return Recorded(id=row["id"], domain=new.domain, created_at=row["created_at"])
     first = _find_duplicate(session, Interaction, tenant_id, idempotency_key, None)
+    if first is None:
+        raise NotFound(f"domain {new.domain!r} not found")
     _check_same_request(first, row["request_sha256"], idempotency_key, None)
     return Recorded(id=first.id, domain=new.domain, created_at=first.created_at, is_replay=True)
 
@@ -122,17 +122,48 @@ def get_interaction(
 def record_feedback(
     *, session: Session, tenant_id: uuid.UUID, new: NewFeedback, idempotency_key: str | None
 ) -> Recorded:
-    """Record one event. NotFound for an unknown interaction or domain."""
-    resolved = _resolve_targets(session, tenant_id, [new])
-    if resolved.errors:
-        raise NotFound(resolved.errors[0]["message"])
-    return record_feedback_batch_resolved(
-        session=session,
-        tenant_id=tenant_id,
-        events=[new],
-        targets=resolved,
-        idempotency_keys=[idempotency_key],
-    )[0]
+    """Record one event in one statement that also finds its domain.
+
+    NotFound for an unknown interaction or domain, Conflict for a reused key or event id.
+    """
+    row = _feedback_row(tenant_id, new, idempotency_key, utcnow())
+    if new.interaction_id is not None:
+        domain = select(Interaction.domain_id).where(
+            Interaction.id == new.interaction_id, Interaction.tenant_id == tenant_id
+        )
+    else:
+        domain = select(Domain.id).where(Domain.tenant_id == tenant_id, Domain.name == new.domain)
+    domain_id = _insert_one(session, FEEDBACK_EVENTS, row, domain_id_from=domain)
+    created_at, is_replay = row["created_at"], False
+    if domain_id is None:
+        first = _find_duplicate(session, FeedbackEvent, tenant_id, idempotency_key, new.event_id)
+        if first is None:
+            raise NotFound(_missing_target(new))
+        _check_same_request(first, row["request_sha256"], idempotency_key, new.event_id)
+        row["id"], created_at, domain_id, is_replay = (
+            first.id,
+            first.created_at,
+            first.domain_id,
+            True,
+        )
+    return Recorded(
+        id=row["id"],
+        domain=new.domain or _domain_name(session, domain_id),
+        created_at=created_at,
+        kind=new.kind,
+        interaction_id=new.interaction_id,
+        is_replay=is_replay,
+    )
+
+
+def _missing_target(event: NewFeedback) -> str:
+    if event.interaction_id is not None:
+        return f"interaction {event.interaction_id} not found"
+    return f"domain {event.domain!r} not found"
+
+
+def _domain_name(session: Session, domain_id: uuid.UUID) -> str:
+    return session.execute(select(Domain.name).where(Domain.id == domain_id)).scalar_one()
 
 
 def record_feedback_batch(
@@ -156,7 +187,7 @@ def record_feedback_batch(
     keys = [
         f"{idempotency_key}#{index}" if idempotency_key else None for index in range(len(events))
     ]
-    return record_feedback_batch_resolved(
+    return _record_resolved(
         session=session, tenant_id=tenant_id, events=events, targets=resolved, idempotency_keys=keys
     )
 
@@ -187,17 +218,17 @@ def _resolve_targets(
         errors=[],
     )
     for index, event in enumerate(events):
-        if event.interaction_id is not None and event.interaction_id not in targets.interactions:
-            message = f"interaction {event.interaction_id} not found"
-        elif event.interaction_id is None and event.domain not in targets.domain_ids:
-            message = f"domain {event.domain!r} not found"
+        if event.interaction_id is not None:
+            is_known = event.interaction_id in targets.interactions
         else:
-            continue
-        targets.errors.append({"index": index, "code": NotFound.code, "message": message})
+            is_known = event.domain in targets.domain_ids
+        if not is_known:
+            message = _missing_target(event)
+            targets.errors.append({"index": index, "code": NotFound.code, "message": message})
     return targets
 
 
-def record_feedback_batch_resolved(
+def _record_resolved(
     *,
     session: Session,
     tenant_id: uuid.UUID,
@@ -207,7 +238,7 @@ def record_feedback_batch_resolved(
 ) -> list[Recorded]:
     now = utcnow()
     rows = [
-        _feedback_row(tenant_id, event, targets.domain_of(event)[0], key, now)
+        {**_feedback_row(tenant_id, event, key, now), "domain_id": targets.domain_of(event)[0]}
         for event, key in zip(events, idempotency_keys, strict=True)
     ]
     inserted = _insert_ignoring_conflicts(session, FEEDBACK_EVENTS, rows)
@@ -218,6 +249,8 @@ def record_feedback_batch_resolved(
             first = _find_duplicate(
                 session, FeedbackEvent, tenant_id, row["idempotency_key"], event.event_id
             )
+            if first is None:  # the conflicting row was deleted in between: never guess
+                raise Conflict("an event conflicts with a stored row that could not be found")
             _check_same_request(
                 first, row["request_sha256"], row["idempotency_key"], event.event_id
             )
@@ -236,17 +269,13 @@ def record_feedback_batch_resolved(
 
 
 def _feedback_row(
-    tenant_id: uuid.UUID,
-    event: NewFeedback,
-    domain_id: uuid.UUID,
-    idempotency_key: str | None,
-    now: datetime,
+    tenant_id: uuid.UUID, event: NewFeedback, idempotency_key: str | None, now: datetime
 ) -> dict[str, Any]:
+    """The event's columns, all but `domain_id`."""
     return {
         "id": uuid.uuid4(),
         "created_at": now,
         "tenant_id": tenant_id,
-        "domain_id": domain_id,
         "interaction_id": event.interaction_id,
         "kind": event.kind,
         "value": event.value,
@@ -284,13 +313,35 @@ def _interaction_domains(
     return {row[0]: (row[1], row[2]) for row in session.execute(query)}
 
 
+def _insert_one(
+    session: Session, table: Table, row: dict[str, Any], *, domain_id_from: Select[Any]
+) -> uuid.UUID | None:
+    """INSERT ... SELECT: one statement finds the domain and writes the row.
+
+    Returns the row's domain id, or None when `domain_id_from` found nothing or a unique
+    constraint (idempotency key, event id) refused the row.
+    """
+    columns = list(row)
+    values = [literal(row[column], type_=table.c[column].type) for column in columns]
+    statement = (
+        _dialect_insert(session)(table)
+        .from_select(["domain_id", *columns], domain_id_from.add_columns(*values))
+        .on_conflict_do_nothing()
+        .returning(table.c.domain_id)
+    )
+    domain_id: uuid.UUID | None = session.scalar(statement)
+    return domain_id
+
+
+def _dialect_insert(session: Session) -> Any:
+    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
+
+
 def _insert_ignoring_conflicts(
     session: Session, table: Table, rows: list[dict[str, Any]]
 ) -> set[uuid.UUID]:
     """Insert rows in one statement; the ids of those that did not hit a unique constraint."""
-    dialect = session.get_bind().dialect.name
-    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
-    statement = insert(table).on_conflict_do_nothing().returning(table.c.id)
+    statement = _dialect_insert(session)(table).on_conflict_do_nothing().returning(table.c.id)
     return set(session.scalars(statement, rows))
 
 
@@ -301,21 +352,16 @@ def _find_duplicate(
     idempotency_key: str | None,
     event_id: str | None,
 ) -> Any:
+    """The stored row holding this idempotency key or event id, if any."""
     matches = []
     if idempotency_key is not None:
         matches.append(model.idempotency_key == idempotency_key)
     if event_id is not None and model is FeedbackEvent:
         matches.append(FeedbackEvent.event_id == event_id)
-    row = (
-        session.scalars(
-            select(model).where(model.tenant_id == tenant_id, or_(*matches)).limit(1)
-        ).first()
-        if matches
-        else None
-    )
-    if row is None:  # the conflicting row was deleted in between, or a bug: never guess
-        raise Conflict("the request conflicts with a stored row that could not be found")
-    return row
+    if not matches:
+        return None
+    query = select(model).where(model.tenant_id == tenant_id, or_(*matches)).limit(1)
+    return session.scalars(query).first()
 
 
 def _check_same_request(
