@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Depends, Header, Request, Response
 
 from api.auth import require
+from api.database import in_transaction
 from api.schemas import (
     ErrorBody,
     FeedbackBatchCreate,
@@ -20,7 +21,6 @@ from api.schemas import (
     InteractionRead,
     ModelRead,
 )
-from flywheel.db import unit_of_work
 from flywheel.feedback import service
 from flywheel.feedback.values import Message, as_json
 from flywheel.tenancy.service import Principal, Scope
@@ -44,7 +44,7 @@ Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 
 
 @router.post("/interactions", status_code=201, responses=ERRORS)
-def create_interaction(
+async def create_interaction(
     body: InteractionCreate,
     request: Request,
     response: Response,
@@ -61,10 +61,13 @@ def create_interaction(
         session_id=body.session_id,
         metadata=body.metadata,
     )
-    with unit_of_work(request.app.state.sessions) as session:
-        recorded = service.record_interaction(
-            session=session, tenant_id=principal.tenant_id, new=new, idempotency_key=idempotency_key
-        )
+    recorded = await in_transaction(
+        request,
+        service.record_interaction,
+        tenant_id=principal.tenant_id,
+        new=new,
+        idempotency_key=idempotency_key,
+    )
     _count(request, response, [recorded])
     return InteractionCreated(
         id=recorded.id, domain=recorded.domain, created_at=recorded.created_at
@@ -72,13 +75,15 @@ def create_interaction(
 
 
 @router.get("/interactions/{interaction_id}", responses=ERRORS)
-def read_interaction(
+async def read_interaction(
     interaction_id: uuid.UUID, request: Request, principal: Reader
 ) -> InteractionRead:
-    with unit_of_work(request.app.state.sessions) as session:
-        interaction, domain, feedback = service.get_interaction(
-            session=session, tenant_id=principal.tenant_id, interaction_id=interaction_id
-        )
+    interaction, domain, feedback = await in_transaction(
+        request,
+        service.get_interaction,
+        tenant_id=principal.tenant_id,
+        interaction_id=interaction_id,
+    )
     return InteractionRead(
         id=interaction.id,
         domain=domain,
@@ -107,39 +112,39 @@ def read_interaction(
 
 
 @router.post("/feedback", status_code=201, responses=ERRORS)
-def create_feedback(
+async def create_feedback(
     body: Annotated[FeedbackCreate, Body()],
     request: Request,
     response: Response,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
 ) -> FeedbackCreated:
-    with unit_of_work(request.app.state.sessions) as session:
-        recorded = service.record_feedback(
-            session=session,
-            tenant_id=principal.tenant_id,
-            new=_new_feedback(body),
-            idempotency_key=idempotency_key,
-        )
+    recorded = await in_transaction(
+        request,
+        service.record_feedback,
+        tenant_id=principal.tenant_id,
+        new=_new_feedback(body),
+        idempotency_key=idempotency_key,
+    )
     _count(request, response, [recorded])
     return _created(recorded)
 
 
 @router.post("/feedback/batch", status_code=201, responses=ERRORS)
-def create_feedback_batch(
+async def create_feedback_batch(
     body: FeedbackBatchCreate,
     request: Request,
     response: Response,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
 ) -> FeedbackBatchCreated:
-    with unit_of_work(request.app.state.sessions) as session:
-        recorded = service.record_feedback_batch(
-            session=session,
-            tenant_id=principal.tenant_id,
-            events=[_new_feedback(event) for event in body.events],
-            idempotency_key=idempotency_key,
-        )
+    recorded = await in_transaction(
+        request,
+        service.record_feedback_batch,
+        tenant_id=principal.tenant_id,
+        events=[_new_feedback(event) for event in body.events],
+        idempotency_key=idempotency_key,
+    )
     _count(request, response, recorded)
     return FeedbackBatchCreated(results=[_created(item) for item in recorded])
 

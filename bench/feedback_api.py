@@ -6,7 +6,7 @@
 2. `POST /v1/feedback/batch` (1,000 events per request) events/s vs a raw `COPY` of the same
    rows into the same table.
 
-    python bench/feedback_api.py [--duration-s 10] [--rounds 3] [--connections 32]
+    python -m bench.feedback_api [--duration-s 10] [--rounds 3] [--connections 32]
 
 Needs PostgreSQL (FLYWHEEL_TEST_POSTGRES_URL, as the tests) and `wrk` (apt-get install wrk).
 Prints ratios; asserts nothing: machines here are shared and noisy.
@@ -37,14 +37,12 @@ import psycopg
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, make_url
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from flywheel import migrate
+from flywheel.db import make_session_factory, unit_of_work
+from flywheel.tenancy import service as tenancy
+from tests.conftest import create_postgres_database, drop_postgres_database
 
-from bench.bare_app import METADATA  # noqa: E402 - after the path setup above
-from flywheel import migrate  # noqa: E402
-from flywheel.db import make_session_factory, unit_of_work  # noqa: E402
-from flywheel.tenancy import service as tenancy  # noqa: E402
-from tests.conftest import create_postgres_database, drop_postgres_database  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 EVENT = {
     "domain": "billing",
@@ -150,9 +148,13 @@ def parse_wrk(output: str) -> dict[str, float]:
     return {"rps": requests_per_s, "p50_ms": latency_ms("50"), "p99_ms": latency_ms("99")}
 
 
-def single_event(database_url: str, key: str, args: argparse.Namespace) -> None:
+def single_event(
+    database_url: str, key: str, ids: tuple[uuid.UUID, uuid.UUID], args: argparse.Namespace
+) -> None:
     env = {
         **os.environ,
+        "BENCH_TENANT_ID": str(ids[0]),
+        "BENCH_DOMAIN_ID": str(ids[1]),
         "FLYWHEEL_DATABASE_URL": database_url,
         "FLYWHEEL_RATE_LIMIT_PER_S": "1e9",
         "FLYWHEEL_RATE_LIMIT_BURST": "1000000000",
@@ -292,7 +294,6 @@ def main() -> None:
     try:
         migrate.upgrade(database_url)
         engine = create_engine(database_url)
-        METADATA.create_all(engine)
         with unit_of_work(make_session_factory(engine)) as session:
             tenant = tenancy.create_tenant(session=session, name="bench")
             domain = tenancy.create_domain(session=session, tenant=tenant, name="billing")
@@ -305,7 +306,7 @@ def main() -> None:
             f"PostgreSQL database {make_url(database_url).database}; {os.cpu_count()} CPUs"
             " shared by load generator, servers and database"
         )
-        single_event(database_url, key, args)
+        single_event(database_url, key, ids, args)
         batch_events(database_url, key, ids[0], ids[1], args)
     finally:
         drop_postgres_database(database_url)

@@ -7,19 +7,20 @@ the winner's row (same request) or gets a Conflict (different request under the 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Literal
 
 import orjson
-from sqlalchemy import Select, Table, literal, or_, select
+from sqlalchemy import Table, bindparam, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from flywheel.db import utcnow
+from flywheel.db import Base, utcnow
 from flywheel.errors import Conflict, InvalidInput, NotFound
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.tenancy.models import Domain
@@ -90,8 +91,7 @@ def record_interaction(
         "idempotency_key": idempotency_key,
         "request_sha256": request_fingerprint(new),
     }
-    domain = select(Domain.id).where(Domain.tenant_id == tenant_id, Domain.name == new.domain)
-    if _insert_one(session, INTERACTIONS, row, domain_id_from=domain) is not None:
+    if _insert_one(session, INTERACTIONS, row, found_by="domain_name", key=new.domain) is not None:
         return Recorded(id=row["id"], domain=new.domain, created_at=row["created_at"])
     first = _find_duplicate(session, Interaction, tenant_id, idempotency_key, None)
     if first is None:
@@ -128,12 +128,13 @@ def record_feedback(
     """
     row = _feedback_row(tenant_id, new, idempotency_key, utcnow())
     if new.interaction_id is not None:
-        domain = select(Interaction.domain_id).where(
-            Interaction.id == new.interaction_id, Interaction.tenant_id == tenant_id
+        domain_id = _insert_one(
+            session, FEEDBACK_EVENTS, row, found_by="interaction_id", key=new.interaction_id
         )
     else:
-        domain = select(Domain.id).where(Domain.tenant_id == tenant_id, Domain.name == new.domain)
-    domain_id = _insert_one(session, FEEDBACK_EVENTS, row, domain_id_from=domain)
+        domain_id = _insert_one(
+            session, FEEDBACK_EVENTS, row, found_by="domain_name", key=new.domain
+        )
     created_at, is_replay = row["created_at"], False
     if domain_id is None:
         first = _find_duplicate(session, FeedbackEvent, tenant_id, idempotency_key, new.event_id)
@@ -313,24 +314,48 @@ def _interaction_domains(
     return {row[0]: (row[1], row[2]) for row in session.execute(query)}
 
 
-def _insert_one(
-    session: Session, table: Table, row: dict[str, Any], *, domain_id_from: Select[Any]
-) -> uuid.UUID | None:
-    """INSERT ... SELECT: one statement finds the domain and writes the row.
+DomainLookup = Literal["domain_name", "interaction_id"]
 
-    Returns the row's domain id, or None when `domain_id_from` found nothing or a unique
-    constraint (idempotency key, event id) refused the row.
+
+def _insert_one(
+    session: Session, table: Table, row: dict[str, Any], *, found_by: DomainLookup, key: object
+) -> uuid.UUID | None:
+    """INSERT ... SELECT: one statement finds the row's domain (by name, or through the
+    interaction it is about, within the row's tenant) and writes the row.
+
+    Returns the row's domain id, or None when no domain was found or a unique constraint
+    (idempotency key, event id) refused the row.
     """
-    columns = list(row)
-    values = [literal(row[column], type_=table.c[column].type) for column in columns]
-    statement = (
-        _dialect_insert(session)(table)
-        .from_select(["domain_id", *columns], domain_id_from.add_columns(*values))
+    dialect = session.get_bind().dialect.name
+    statement = _insert_one_statement(dialect, table.name, tuple(row), found_by)
+    params = {f"v_{column}": value for column, value in row.items()}
+    params.update(w_tenant_id=row["tenant_id"], w_key=key)
+    domain_id: uuid.UUID | None = session.scalar(statement, params)
+    return domain_id
+
+
+@functools.cache
+def _insert_one_statement(
+    dialect: str, table_name: str, columns: tuple[str, ...], found_by: DomainLookup
+) -> Any:
+    """Built once per shape: constructing the statement costs more than running it."""
+    table = Base.metadata.tables[table_name]
+    values = [bindparam(f"v_{column}", type_=table.c[column].type) for column in columns]
+    if found_by == "interaction_id":
+        source = select(Interaction.domain_id, *values).where(
+            Interaction.id == bindparam("w_key"), Interaction.tenant_id == bindparam("w_tenant_id")
+        )
+    else:
+        source = select(Domain.id, *values).where(
+            Domain.name == bindparam("w_key"), Domain.tenant_id == bindparam("w_tenant_id")
+        )
+    insert = postgresql.insert if dialect == "postgresql" else sqlite.insert
+    return (
+        insert(table)
+        .from_select(["domain_id", *columns], source)
         .on_conflict_do_nothing()
         .returning(table.c.domain_id)
     )
-    domain_id: uuid.UUID | None = session.scalar(statement)
-    return domain_id
 
 
 def _dialect_insert(session: Session) -> Any:

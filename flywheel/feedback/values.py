@@ -7,6 +7,7 @@ PostgreSQL cannot store and which no honest client sends.
 
 from __future__ import annotations
 
+import math
 from typing import Annotated, Any, Literal, Self
 
 from pydantic import (
@@ -37,11 +38,20 @@ def check_clean_text(value: str) -> str:
 
 
 def check_clean_json(value: JsonValue, depth: int = 0) -> JsonValue:
-    """Check every string (keys included) of a JSON value, and bound its nesting."""
+    """Check every string (keys included) and number of a JSON value, and bound its nesting.
+
+    Numbers must be finite and integers fit in 64 bits, as every JSON consumer can read them.
+    """
     if depth > MAX_METADATA_DEPTH:
         raise ValueError(f"metadata nests deeper than {MAX_METADATA_DEPTH} levels")
     if isinstance(value, str):
         check_clean_text(value)
+    elif isinstance(value, bool):
+        pass
+    elif isinstance(value, int) and not -(2**63) <= value < 2**63:
+        raise ValueError("integers in metadata must fit in 64 bits")
+    elif isinstance(value, float) and not math.isfinite(value):
+        raise ValueError("numbers in metadata must be finite")
     elif isinstance(value, dict):
         for key, item in value.items():
             check_clean_text(key)

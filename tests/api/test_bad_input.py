@@ -81,6 +81,17 @@ def test_nul_in_metadata_key_is_422(
     assert_rejected(post_raw(client, acme, body, "/v1/interactions"), 422, sessions)
 
 
+@pytest.mark.parametrize("number", [b"NaN", b"Infinity", b"-9223372036854775809", b"1e999"])
+def test_unportable_numbers_in_metadata_are_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], number: bytes
+) -> None:
+    body = (
+        b'{"domain": "billing", "prompt": "p", "response": "r", "metadata": {"n": ' + number + b"}}"
+    )
+
+    assert_rejected(post_raw(client, acme, body, "/v1/interactions"), 422, sessions)
+
+
 def test_wrong_types_are_422(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session]
 ) -> None:

@@ -39,6 +39,21 @@ def test_metadata_depth_is_bounded() -> None:
         check_clean_json(nested)  # type: ignore[arg-type]
 
 
+@pytest.mark.parametrize(
+    ("value", "fragment"),
+    [
+        (2**63, "64 bits"),
+        (-(2**63) - 1, "64 bits"),
+        (float("nan"), "finite"),
+        (float("inf"), "finite"),
+    ],
+)
+def test_metadata_numbers_must_be_portable(value: object, fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        check_clean_json({"nested": [value]})  # type: ignore[dict-item]
+    assert check_clean_json({"ok": [2**63 - 1, 1.5, True]}) == {"ok": [2**63 - 1, 1.5, True]}
+
+
 def test_rating_is_thumbs_or_stars() -> None:
     assert RatingValue(thumbs="up").thumbs == "up"
     assert RatingValue(stars=5).stars == 5
