@@ -11,7 +11,7 @@ import functools
 import hashlib
 import uuid
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
 
@@ -20,6 +20,7 @@ from sqlalchemy import Table, bindparam, or_, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
+from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.db import Base, utcnow
 from flywheel.errors import Conflict, InvalidInput, NotFound
 from flywheel.feedback.models import FeedbackEvent, Interaction
@@ -68,8 +69,12 @@ class Recorded:
 
 
 def request_fingerprint(item: NewInteraction | NewFeedback) -> str:
-    """SHA-256 of the request's canonical JSON: equal requests, equal fingerprints."""
-    canonical = orjson.dumps(asdict(item), option=orjson.OPT_SORT_KEYS, default=str)
+    """SHA-256 of the request's canonical JSON: equal requests, equal fingerprints.
+
+    Stored with every row to recognise replays: changing this encoding makes stored rows
+    look like different requests, so change it only with a migration that rehashes.
+    """
+    canonical = orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
     return hashlib.sha256(canonical).hexdigest()
 
 
@@ -242,7 +247,7 @@ def _record_resolved(
         {**_feedback_row(tenant_id, event, key, now), "domain_id": targets.domain_of(event)[0]}
         for event, key in zip(events, idempotency_keys, strict=True)
     ]
-    inserted = _insert_ignoring_conflicts(session, FEEDBACK_EVENTS, rows)
+    inserted = insert_ignoring_conflicts(session, FEEDBACK_EVENTS, rows)
     recorded = []
     for event, row in zip(events, rows, strict=True):
         created_at, is_replay = now, False
@@ -356,18 +361,6 @@ def _insert_one_statement(
         .on_conflict_do_nothing()
         .returning(table.c.domain_id)
     )
-
-
-def _dialect_insert(session: Session) -> Any:
-    return postgresql.insert if session.get_bind().dialect.name == "postgresql" else sqlite.insert
-
-
-def _insert_ignoring_conflicts(
-    session: Session, table: Table, rows: list[dict[str, Any]]
-) -> set[uuid.UUID]:
-    """Insert rows in one statement; the ids of those that did not hit a unique constraint."""
-    statement = _dialect_insert(session)(table).on_conflict_do_nothing().returning(table.c.id)
-    return set(session.scalars(statement, rows))
 
 
 def _find_duplicate(
