@@ -6,6 +6,7 @@ import uuid
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Request, Response
+from pydantic import BaseModel
 
 from api.auth import require
 from api.database import in_transaction
@@ -43,14 +44,13 @@ Writer = Annotated[Principal, Depends(require(Scope.FEEDBACK_WRITE))]
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 
 
-@router.post("/interactions", status_code=201, responses=ERRORS)
+@router.post("/interactions", status_code=201, response_model=InteractionCreated, responses=ERRORS)
 async def create_interaction(
     body: InteractionCreate,
     request: Request,
-    response: Response,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
-) -> InteractionCreated:
+) -> Response:
     new = service.NewInteraction(
         domain=body.domain,
         messages=as_json(_messages(body.messages, body.prompt)),
@@ -68,10 +68,10 @@ async def create_interaction(
         new=new,
         idempotency_key=idempotency_key,
     )
-    _count(request, response, [recorded])
-    return InteractionCreated(
+    created = InteractionCreated(
         id=recorded.id, domain=recorded.domain, created_at=recorded.created_at
     )
+    return _created_response(request, created, [recorded])
 
 
 @router.get("/interactions/{interaction_id}", responses=ERRORS)
@@ -111,14 +111,13 @@ async def read_interaction(
     )
 
 
-@router.post("/feedback", status_code=201, responses=ERRORS)
+@router.post("/feedback", status_code=201, response_model=FeedbackCreated, responses=ERRORS)
 async def create_feedback(
     body: Annotated[FeedbackCreate, Body()],
     request: Request,
-    response: Response,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
-) -> FeedbackCreated:
+) -> Response:
     recorded = await in_transaction(
         request,
         service.record_feedback,
@@ -126,18 +125,18 @@ async def create_feedback(
         new=_new_feedback(body),
         idempotency_key=idempotency_key,
     )
-    _count(request, response, [recorded])
-    return _created(recorded)
+    return _created_response(request, _created(recorded), [recorded])
 
 
-@router.post("/feedback/batch", status_code=201, responses=ERRORS)
+@router.post(
+    "/feedback/batch", status_code=201, response_model=FeedbackBatchCreated, responses=ERRORS
+)
 async def create_feedback_batch(
     body: FeedbackBatchCreate,
     request: Request,
-    response: Response,
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
-) -> FeedbackBatchCreated:
+) -> Response:
     recorded = await in_transaction(
         request,
         service.record_feedback_batch,
@@ -145,8 +144,8 @@ async def create_feedback_batch(
         events=[_new_feedback(event) for event in body.events],
         idempotency_key=idempotency_key,
     )
-    _count(request, response, recorded)
-    return FeedbackBatchCreated(results=[_created(item) for item in recorded])
+    created = FeedbackBatchCreated(results=[_created(item) for item in recorded])
+    return _created_response(request, created, recorded)
 
 
 def _new_feedback(body: FeedbackCreate) -> service.NewFeedback:
@@ -180,10 +179,17 @@ def _created(recorded: service.Recorded) -> FeedbackCreated:
     )
 
 
-def _count(request: Request, response: Response, recorded: list[service.Recorded]) -> None:
-    """Count newly stored rows; mark a response that replays an earlier one."""
+def _created_response(
+    request: Request, body: BaseModel, recorded: list[service.Recorded]
+) -> Response:
+    """201 with `body`, serialised once (we built it: FastAPI need not validate it again).
+
+    Counts newly stored rows; marks a response that replays an earlier one.
+    """
     fresh = [item for item in recorded if not item.is_replay]
     for item in fresh:
         request.app.state.metrics.events_ingested.labels(item.kind or "interaction").inc()
-    if recorded and not fresh:
-        response.headers["Idempotent-Replayed"] = "true"
+    headers = {"Idempotent-Replayed": "true"} if recorded and not fresh else None
+    return Response(
+        body.model_dump_json(), status_code=201, media_type="application/json", headers=headers
+    )

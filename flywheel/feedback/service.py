@@ -335,7 +335,8 @@ def _insert_one(
     statement = _insert_one_statement(dialect, table.name, tuple(row), found_by)
     params = {f"v_{column}": value for column, value in row.items()}
     params.update(w_tenant_id=row["tenant_id"], w_key=key)
-    domain_id: uuid.UUID | None = session.scalar(statement, params)
+    # Core execution on the session's connection: the ORM layer adds nothing to a plain INSERT.
+    domain_id: uuid.UUID | None = session.connection().execute(statement, params).scalar()
     return domain_id
 
 

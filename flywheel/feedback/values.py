@@ -32,8 +32,10 @@ def check_clean_text(value: str) -> str:
     """Reject NUL bytes and lone UTF-16 surrogates."""
     if "\x00" in value:
         raise ValueError("text must not contain NUL bytes")
-    if any("\ud800" <= char <= "\udfff" for char in value):
-        raise ValueError("text must not contain lone surrogates")
+    try:
+        value.encode("utf-8")  # in C: fails exactly on lone surrogates
+    except UnicodeEncodeError as error:
+        raise ValueError("text must not contain lone surrogates") from error
     return value
 
 
