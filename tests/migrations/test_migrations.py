@@ -9,11 +9,20 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import create_engine, inspect, pool
+from sqlalchemy import create_engine, inspect, pool, text
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel import migrate
-from flywheel.models import Base
-from tests.conftest import create_postgres_database, drop_postgres_database
+from flywheel.db import unit_of_work
+from flywheel.feedback import service
+from flywheel.models import Base, FeedbackEvent
+from tests.conftest import (
+    Caller,
+    count_rows,
+    create_postgres_database,
+    drop_postgres_database,
+)
 
 
 @pytest.fixture(params=[pytest.param("postgres", marks=pytest.mark.postgres_only), "sqlite"])
@@ -81,3 +90,28 @@ def test_every_constraint_is_named_by_the_convention(database_url: str) -> None:
                 assert (foreign_key["name"] or "").startswith(f"fk_{table}_"), foreign_key
     finally:
         engine.dispose()
+
+
+def test_feedback_events_refuse_updates_but_allow_deletes(
+    acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    new = service.NewFeedback(
+        kind="rating",
+        value={"stars": 2},
+        domain="billing",
+        messages=[{"role": "user", "content": "p"}],
+        response="r",
+    )
+    with unit_of_work(sessions) as session:
+        recorded = service.record_feedback(
+            session=session, tenant_id=acme.tenant_id, new=new, idempotency_key=None
+        )
+
+    with pytest.raises(DBAPIError, match="append-only"), unit_of_work(sessions) as session:
+        session.execute(text("UPDATE feedback_events SET value = '{}'"))
+    with unit_of_work(sessions) as session:
+        stored = session.get(FeedbackEvent, recorded.id)
+        assert stored is not None
+        assert stored.value == {"stars": 2}
+        session.execute(text("DELETE FROM feedback_events"))
+    assert count_rows(sessions, "feedback_events") == 0
