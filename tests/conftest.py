@@ -21,6 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.app import create_app
 from flywheel import migrate
 from flywheel.db import make_session_factory, unit_of_work
+from flywheel.feedback.service import NewFeedback
 from flywheel.models import Base
 from flywheel.settings import Settings
 from flywheel.tenancy import service as tenancy
@@ -163,6 +164,26 @@ def acme(sessions: sessionmaker[Session]) -> Caller:
 @pytest.fixture
 def globex(sessions: sessionmaker[Session]) -> Caller:
     return make_caller(sessions, tenant="globex")
+
+
+RATING = {
+    "domain": "billing",
+    "kind": "rating",
+    "prompt": "p",
+    "response": "r",
+    "value": {"stars": 3},
+}
+
+
+def rating_event(stars: int) -> NewFeedback:
+    """The domain-level twin of RATING, for tests that call the service directly."""
+    return NewFeedback(
+        kind="rating",
+        value={"stars": stars},
+        domain="billing",
+        messages=[{"role": "user", "content": "p"}],
+        response="r",
+    )
 
 
 def count_rows(sessions: sessionmaker[Session], table: str) -> int:

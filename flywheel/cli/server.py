@@ -55,8 +55,9 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8000, min=1, max=65535, help="Port to listen on."),
     workers: int = typer.Option(1, min=1, help="Server processes."),
+    as_json: bool = JsonOption,
 ) -> None:
-    """Run the REST API (uvicorn)."""
+    """Run the REST API (uvicorn) until interrupted."""
     import uvicorn  # imported here: only this command needs the server
 
     current = settings()
@@ -67,6 +68,9 @@ def serve(
         engine.dispose()
     if revision != migrate.head_revision(current.resolved_database_url):
         raise InvalidState("the database schema is not up to date: run `flywheel init` first")
+    url = f"http://{host}:{port}"
+    data = {"url": url, "workers": workers, "revision": revision}
+    emit(data, as_json=as_json, text=f"serving {url} with {workers} worker(s); Ctrl-C stops")
     # By import string: flywheel never imports api; uvicorn loads it in each worker.
     uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers)
 

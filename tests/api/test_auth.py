@@ -12,15 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from flywheel.db import unit_of_work
 from flywheel.models import ApiKey
 from flywheel.tenancy import service as tenancy
-from tests.conftest import Caller, count_rows, make_caller
-
-RATING = {
-    "domain": "billing",
-    "kind": "rating",
-    "prompt": "p",
-    "response": "r",
-    "value": {"stars": 3},
-}
+from tests.conftest import RATING, Caller, count_rows, make_caller
 
 
 @pytest.mark.parametrize(

@@ -12,25 +12,19 @@ from sqlalchemy.orm import Session, sessionmaker
 from flywheel.db import unit_of_work
 from flywheel.errors import Conflict
 from flywheel.feedback import service
-from tests.conftest import Caller, count_rows
+from tests.conftest import RATING, Caller, count_rows, rating_event
 
-RATING = {
-    "domain": "billing",
-    "kind": "rating",
-    "prompt": "p",
-    "response": "r",
-    "value": {"stars": 3},
-}
 INTERACTION = {"domain": "billing", "prompt": "p", "response": "r"}
-
-
-@pytest.mark.parametrize(
+WRITE_ENDPOINTS = pytest.mark.parametrize(
     ("path", "payload", "table"),
     [
         ("/v1/feedback", RATING, "feedback_events"),
         ("/v1/interactions", INTERACTION, "interactions"),
     ],
 )
+
+
+@WRITE_ENDPOINTS
 def test_same_key_same_body_replays_the_first_response(
     client: TestClient,
     acme: Caller,
@@ -50,13 +44,7 @@ def test_same_key_same_body_replays_the_first_response(
     assert count_rows(sessions, table) == 1
 
 
-@pytest.mark.parametrize(
-    ("path", "payload", "table"),
-    [
-        ("/v1/feedback", RATING, "feedback_events"),
-        ("/v1/interactions", INTERACTION, "interactions"),
-    ],
-)
+@WRITE_ENDPOINTS
 def test_same_key_different_body_is_409(
     client: TestClient,
     acme: Caller,
@@ -129,13 +117,7 @@ def test_concurrent_duplicates_write_one_row(acme: Caller, sessions: sessionmake
     barrier = threading.Barrier(writers)
     ids: list[uuid.UUID] = []
     errors: list[BaseException] = []
-    new = service.NewFeedback(
-        kind="rating",
-        value={"stars": 5},
-        domain="billing",
-        messages=[{"role": "user", "content": "p"}],
-        response="r",
-    )
+    new = rating_event(stars=5)
 
     def write() -> None:
         try:
@@ -169,13 +151,7 @@ def test_concurrent_different_bodies_one_wins_others_conflict(
     outcomes: list[str] = []
 
     def write(stars: int) -> None:
-        new = service.NewFeedback(
-            kind="rating",
-            value={"stars": stars},
-            domain="billing",
-            messages=[{"role": "user", "content": "p"}],
-            response="r",
-        )
+        new = rating_event(stars)
         with unit_of_work(sessions) as session:
             barrier.wait()
             try:

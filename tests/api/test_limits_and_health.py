@@ -8,15 +8,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from flywheel.settings import Settings
-from tests.conftest import Caller, count_rows, make_caller
-
-RATING = {
-    "domain": "billing",
-    "kind": "rating",
-    "prompt": "p",
-    "response": "r",
-    "value": {"stars": 3},
-}
+from tests.conftest import RATING, Caller, count_rows, make_caller
 
 
 def test_rate_limit_is_429_with_retry_after_per_key(

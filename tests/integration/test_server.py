@@ -17,7 +17,7 @@ import httpx
 import pytest
 from sqlalchemy.orm import Session, sessionmaker
 
-from tests.conftest import count_rows
+from tests.conftest import RATING, count_rows
 
 FLYWHEEL = [sys.executable, "-m", "flywheel"]
 
@@ -142,13 +142,7 @@ def test_two_workers_concurrent_duplicates_write_one_row(
         cli(env, tmp_path, "keys", "create", "-t", "acme", "-s", "feedback:write", "--json")
     )["key"]
     headers = {"Authorization": f"Bearer {key}", "Idempotency-Key": "same-request"}
-    event = {
-        "domain": "billing",
-        "kind": "rating",
-        "prompt": "p",
-        "response": "r",
-        "value": {"stars": 4},
-    }
+    event = RATING
 
     with server(env, tmp_path, workers=2) as base, ThreadPoolExecutor(16) as pool:
         responses = list(

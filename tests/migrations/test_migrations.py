@@ -22,6 +22,7 @@ from tests.conftest import (
     count_rows,
     create_postgres_database,
     drop_postgres_database,
+    rating_event,
 )
 
 
@@ -95,13 +96,7 @@ def test_every_constraint_is_named_by_the_convention(database_url: str) -> None:
 def test_feedback_events_refuse_updates_but_allow_deletes(
     acme: Caller, sessions: sessionmaker[Session]
 ) -> None:
-    new = service.NewFeedback(
-        kind="rating",
-        value={"stars": 2},
-        domain="billing",
-        messages=[{"role": "user", "content": "p"}],
-        response="r",
-    )
+    new = rating_event(stars=2)
     with unit_of_work(sessions) as session:
         recorded = service.record_feedback(
             session=session, tenant_id=acme.tenant_id, new=new, idempotency_key=None
