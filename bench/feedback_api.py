@@ -28,11 +28,13 @@ import uuid
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import psutil
 import psycopg
 from psycopg.types.json import Jsonb
 from sqlalchemy import create_engine, make_url
@@ -80,8 +82,23 @@ def free_port() -> int:
         return int(sock.getsockname()[1])
 
 
+@dataclass(frozen=True)
+class Server:
+    base: str
+    pid: int
+
+    def cpu_s(self) -> float:
+        """CPU seconds used so far by the server and its worker processes."""
+        process = psutil.Process(self.pid)
+        total = 0.0
+        for each in [process, *process.children(recursive=True)]:
+            times = each.cpu_times()
+            total += times.user + times.system + times.children_user + times.children_system
+        return total
+
+
 @contextmanager
-def uvicorn_server(target: str, env: dict[str, str], workers: int = 2) -> Iterator[str]:
+def uvicorn_server(target: str, env: dict[str, str], workers: int = 2) -> Iterator[Server]:
     port = free_port()
     command = [
         sys.executable,
@@ -108,7 +125,7 @@ def uvicorn_server(target: str, env: dict[str, str], workers: int = 2) -> Iterat
             except httpx.TransportError:
                 time.sleep(0.2)
         time.sleep(1.0)  # let both workers finish starting
-        yield base
+        yield Server(base, process.pid)
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -161,38 +178,54 @@ def single_event(
     }
     body = json.dumps(EVENT)
     results: dict[str, list[dict[str, float]]] = {"bare": [], "flywheel": []}
+    json_header = {"Content-Type": "application/json"}
+    targets = {
+        "bare": ("bench.bare_app:create_app", "/bare", json_header),
+        "flywheel": (
+            "api.app:create_app",
+            "/v1/feedback",
+            {**json_header, "Authorization": f"Bearer {key}"},
+        ),
+    }
     with (
-        uvicorn_server("bench.bare_app:create_app", env) as bare,
-        uvicorn_server("api.app:create_app", env) as full,
+        uvicorn_server(targets["bare"][0], env) as bare,
+        uvicorn_server(targets["flywheel"][0], env) as full,
     ):
-        json_header = {"Content-Type": "application/json"}
-        full_headers = {**json_header, "Authorization": f"Bearer {key}"}
-        run_wrk(f"{bare}/bare", json_header, body, 2, args.connections)  # warm up
-        run_wrk(f"{full}/v1/feedback", full_headers, body, 2, args.connections)
+        servers = {"bare": bare, "flywheel": full}
+        for name, server in servers.items():  # warm up
+            run_wrk(server.base + targets[name][1], targets[name][2], body, 2, args.connections)
         for round_index in range(args.rounds):
-            results["bare"].append(
-                run_wrk(f"{bare}/bare", json_header, body, args.duration_s, args.connections)
-            )
-            results["flywheel"].append(
-                run_wrk(
-                    f"{full}/v1/feedback", full_headers, body, args.duration_s, args.connections
+            for name, server in servers.items():
+                cpu_before = server.cpu_s()
+                result = run_wrk(
+                    server.base + targets[name][1],
+                    targets[name][2],
+                    body,
+                    args.duration_s,
+                    args.connections,
                 )
-            )
+                requests = result["rps"] * args.duration_s
+                result["cpu_ms"] = 1000 * (server.cpu_s() - cpu_before) / requests
+                results[name].append(result)
             print(
-                f"  round {round_index + 1}: bare {results['bare'][-1]}"
-                f"  flywheel {results['flywheel'][-1]}"
+                f"  round {round_index + 1}: "
+                + "  ".join(f"{n} {r[-1]}" for n, r in results.items())
             )
-    bare_rps = statistics.median(r["rps"] for r in results["bare"])
-    full_rps = statistics.median(r["rps"] for r in results["flywheel"])
-    print("\nsingle-event POST, 2 workers, median of rounds")
-    print(f"{'endpoint':<28}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
-    for name, rows in results.items():
+    print(f"\nsingle-event POST, 2 workers, median of {args.rounds} rounds of {args.duration_s} s")
+    print(f"{'endpoint':<12}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}{'server CPU ms/req':>20}")
+    medians = {
+        name: {metric: statistics.median(r[metric] for r in rows) for metric in rows[0]}
+        for name, rows in results.items()
+    }
+    for name, row in medians.items():
         print(
-            f"{name:<28}{statistics.median(r['rps'] for r in rows):>10.0f}"
-            f"{statistics.median(r['p50_ms'] for r in rows):>10.2f}"
-            f"{statistics.median(r['p99_ms'] for r in rows):>10.2f}"
+            f"{name:<12}{row['rps']:>10.0f}{row['p50_ms']:>10.2f}{row['p99_ms']:>10.2f}"
+            f"{row['cpu_ms']:>20.3f}"
         )
-    print(f"ratio flywheel/bare req/s: {full_rps / bare_rps:.2f}  (goal >= 0.8)")
+    ratio = medians["flywheel"]["rps"] / medians["bare"]["rps"]
+    print(f"ratio flywheel/bare req/s: {ratio:.2f}  (goal >= 0.8)")
+    cpu_ratio = medians["bare"]["cpu_ms"] / medians["flywheel"]["cpu_ms"]
+    print(f"ratio bare/flywheel server CPU per request: {cpu_ratio:.2f}")
 
 
 def batch_events(
@@ -209,7 +242,8 @@ def batch_events(
         for b in range(batches)
     ]
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    with uvicorn_server("api.app:create_app", env) as full, httpx.Client(timeout=120) as client:
+    with uvicorn_server("api.app:create_app", env) as server, httpx.Client(timeout=120) as client:
+        full = server.base
         client.post(
             f"{full}/v1/feedback/batch", content=payloads[0], headers=headers
         ).raise_for_status()
