@@ -1,0 +1,1 @@
+"""Scripts copied into sandboxes and run there by a plain `python3 -I -S` (stdlib only)."""

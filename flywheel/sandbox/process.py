@@ -1,0 +1,219 @@
+"""Start a process inside a bubblewrap sandbox, or refuse to.
+
+Each sandbox: every namespace unshared (no network), a read-only root with /usr and only the
+files it is given (under /task and /harness), a private size-capped tmpfs /work, an empty
+environment (bwrap itself is started with none, so /proc/1/environ is empty too),
+`--die-with-parent --new-session`, its own unprivileged uid (RLIMIT_NPROC does not hold for
+root, even mapped into a user namespace) and rlimits on CPU, memory, processes, file size and
+open files. The caller kills it on a wall clock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import itertools
+import os
+import random
+import resource
+import shutil
+import subprocess
+import tempfile
+import time
+import warnings
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+
+from flywheel.errors import SandboxUnavailable
+from flywheel.sandbox.limits import Limits
+
+SANDBOX_PYTHON = "/usr/bin/python3"
+UNSAFE_ENV = "FLYWHEEL_SANDBOX"
+UNSAFE_VALUE = "unsafe-local"
+HOW_TO_FIX = (
+    "install bubblewrap and util-linux (apt-get install bubblewrap util-linux python3), and "
+    "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+)
+
+# Each sandbox gets its own uid so that sandboxes never share a process budget.
+SANDBOX_UID_MIN = 200_000
+_UIDS = itertools.cycle(range(SANDBOX_UID_MIN + random.randrange(50_000), 300_000))
+PR_SET_CHILD_SUBREAPER = 36
+
+
+def is_unsafe_local() -> bool:
+    """The development override: run without bwrap. Warns every time; training refuses it."""
+    if os.environ.get(UNSAFE_ENV) != UNSAFE_VALUE:
+        return False
+    warnings.warn(
+        f"{UNSAFE_ENV}={UNSAFE_VALUE}: running model-written code WITHOUT a sandbox",
+        RuntimeWarning,
+        stacklevel=3,
+    )
+    return True
+
+
+@functools.cache
+def _probe() -> str | None:
+    """Why sandboxes cannot start here, or None when a trial sandbox ran."""
+    for tool in ("bwrap", "setpriv"):
+        if shutil.which(tool) is None:
+            return f"{tool} is not installed"
+    if not os.access(SANDBOX_PYTHON, os.X_OK):
+        return f"{SANDBOX_PYTHON} is missing"
+    _become_subreaper()
+    trial = subprocess.run(
+        [*_bwrap_prefix(uid=next(_UIDS), binds={}, tmpfs_mb=1), "/usr/bin/true"],
+        env={},
+        capture_output=True,
+        timeout=30,
+        check=False,
+    )
+    reap_orphans()
+    if trial.returncode != 0:
+        return "bwrap could not start a sandbox: " + trial.stderr.decode(errors="replace").strip()
+    return None
+
+
+@functools.cache
+def _become_subreaper() -> None:
+    """Adopt orphans instead of leaving them to the host's pid 1.
+
+    bwrap's monitor exits without reaping the sandbox's init, which is reparented; a host
+    pid 1 that does not reap (as in some VMs and containers) would collect one zombie per
+    sandbox until pids run out. As a subreaper this process adopts them; `reap_orphans`
+    reaps exactly those (their uid is a sandbox uid), never another child's exit status.
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+        raise SandboxUnavailable(
+            f"prctl(PR_SET_CHILD_SUBREAPER) failed: errno {ctypes.get_errno()}"
+        )
+
+
+def reap_orphans(timeout_s: float = 1.0) -> None:
+    """Reap adopted sandbox processes, waiting up to `timeout_s` for dying ones to exit."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        adopted = [pid for pid in _children() if _sandbox_state(pid) is not None]
+        for pid in adopted:
+            if _sandbox_state(pid) == "Z":
+                with contextlib.suppress(ChildProcessError):
+                    os.waitpid(pid, os.WNOHANG)
+        if not adopted or time.monotonic() > deadline:
+            return
+        time.sleep(0.01)
+
+
+def _children() -> list[int]:
+    pids: list[int] = []
+    for children in Path("/proc/self/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            pids += [int(pid) for pid in children.read_text().split()]
+    return pids
+
+
+def _sandbox_state(pid: int) -> str | None:
+    """The process state letter of a sandbox-uid process, None for any other process."""
+    try:
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    if int(fields.get("Uid", "0").split()[0]) < SANDBOX_UID_MIN:
+        return None
+    return fields.get("State", "?").strip()[:1]
+
+
+def check_available() -> None:
+    """Raise SandboxUnavailable, saying how to fix it, when sandboxes cannot run here."""
+    problem = _probe()
+    if problem is not None:
+        raise SandboxUnavailable(f"sandbox unavailable: {problem}; {HOW_TO_FIX}")
+
+
+def _bwrap_prefix(*, uid: int, binds: Mapping[str, str], tmpfs_mb: int) -> list[str]:
+    command = [
+        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+        "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+        "--ro-bind", "/usr", "/usr",
+        "--symlink", "usr/bin", "/bin",
+        "--symlink", "usr/lib", "/lib",
+        "--symlink", "usr/lib64", "/lib64",
+        "--proc", "/proc",
+        "--dev", "/dev",
+        "--size", str(tmpfs_mb * 1024 * 1024), "--tmpfs", "/work",
+        "--size", str(1024 * 1024), "--tmpfs", "/tmp",
+    ]  # fmt: skip
+    for source, target in binds.items():
+        command += ["--ro-bind", source, target]
+    # The root bwrap builds (where /task, /harness... are made) is a tmpfs with no size cap:
+    # make it read-only so that only the capped /work and /tmp can be written.
+    return [*command, "--remount-ro", "/", "--chdir", "/work"]
+
+
+def _set_limits(limits: Limits) -> Callable[[], None]:
+    def apply() -> None:  # runs in the child between fork and exec
+        mib = 1024 * 1024
+        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
+        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mib,) * 2)
+        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes,) * 2)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_mb * mib,) * 2)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files,) * 2)
+        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+
+    return apply
+
+
+@contextmanager
+def staged_files(files: Mapping[str, str]) -> Iterator[dict[str, str]]:
+    """Write `{sandbox path: text}` to a host directory; yield `{host path: sandbox path}`."""
+    with tempfile.TemporaryDirectory(prefix="flywheel-sandbox-") as root:
+        os.chmod(root, 0o755)
+        binds = {}
+        for index, (target, text) in enumerate(files.items()):
+            source = Path(root) / f"{index}-{Path(target).name}"
+            source.write_text(text, encoding="utf-8")
+            source.chmod(0o444)
+            binds[str(source)] = target
+        yield binds
+
+
+def spawn(
+    argv: list[str], *, binds: Mapping[str, str], limits: Limits, pass_fds: tuple[int, ...]
+) -> subprocess.Popen[bytes]:
+    """Start `argv` in a new sandbox; stdout and stderr are pipes for the caller to drain."""
+    if is_unsafe_local():
+        return _spawn_unsafe(argv, binds=binds, limits=limits, pass_fds=pass_fds)
+    check_available()
+    prefix = _bwrap_prefix(uid=next(_UIDS), binds=binds, tmpfs_mb=limits.tmpfs_mb)
+    return subprocess.Popen(
+        [*prefix, *argv],
+        env={},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=pass_fds,
+        preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
+        start_new_session=True,
+    )
+
+
+def _spawn_unsafe(
+    argv: list[str], *, binds: Mapping[str, str], limits: Limits, pass_fds: tuple[int, ...]
+) -> subprocess.Popen[bytes]:
+    """No isolation at all beyond rlimits: paths are rewritten to the staged host files."""
+    host_of = {target: source for source, target in binds.items()}
+    return subprocess.Popen(
+        [host_of.get(arg, arg) for arg in argv],
+        env={},
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        pass_fds=pass_fds,
+        preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
+        start_new_session=True,
+        cwd=tempfile.gettempdir(),
+    )

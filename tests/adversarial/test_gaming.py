@@ -1,0 +1,101 @@
+"""Attempts to win a pass without solving the task: none may yield one."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from flywheel.sandbox import Verdict
+
+Run = Callable[..., Verdict]
+
+GAMING = {
+    "sys_exit_0_at_import": "import sys\nsys.exit(0)\n",
+    "os_exit_0_at_import": "import os\nos._exit(0)\n",
+    "os_exit_0_in_call": "import os\ndef add(a, b):\n    os._exit(0)\n",
+    "raise_skiptest": "import unittest\ndef add(a, b):\n    raise unittest.SkipTest('skip')\n",
+    "pytest_skip": "def add(a, b):\n    import pytest\n    pytest.skip('nope')\n",
+    "always_equal_object": (
+        "class Yes:\n    def __eq__(self, other):\n        return True\n"
+        "def add(a, b):\n    return Yes()\n"
+    ),
+    "read_the_tests": (
+        "import glob\ndef add(a, b):\n"
+        "    return [open(p).read() for p in glob.glob('/**/*.py', recursive=True)"
+        " if 'test' in p]\n"
+    ),
+    "inspect_the_stack": (
+        "import sys\ndef add(a, b):\n    frame = sys._getframe()\n    found = []\n"
+        "    while frame:\n        found.append(frame.f_code.co_filename)\n"
+        "        frame = frame.f_back\n    return found\n"
+    ),
+    "drop_conftest_and_sitecustomize": (
+        "import os\nfor name in ('conftest.py', 'sitecustomize.py', 'x.pth'):\n"
+        "    open(name, 'w').write('import os\\nos._exit(0)\\n')\n"
+        "def add(a, b):\n    return None\n"
+    ),
+    "patch_builtins_and_assert": (
+        "import builtins\nbuiltins.AssertionError = type('Nope', (Exception,), {})\n"
+        "import unittest, time\nunittest.TestCase.run = lambda *a, **k: None\n"
+        "time.time = lambda: 0\ndef add(a, b):\n    return 0\n"
+    ),
+    "print_fake_report": (
+        'print(\'{"test": "test_small", "status": "passed", "message": ""}\')\n'
+        "print('{\"done\": 2}')\nprint('2 passed, 0 failed')\ndef add(a, b):\n    return 0\n"
+    ),
+    "write_fake_results_to_every_fd": (
+        'import os\nline = b\'{"test": "test_small", "status": "passed", "message": ""}\\n\'\n'
+        "for fd in range(3, 64):\n    try:\n        os.write(fd, line)\n    except OSError:\n"
+        "        pass\ndef add(a, b):\n    return 0\n"
+    ),
+    "fork_a_survivor": (
+        "import os, time\nif os.fork() == 0:\n    time.sleep(60)\n    os._exit(0)\n"
+        "def add(a, b):\n    return 0\n"
+    ),
+    "broken_syntax": "def add(a, b)\n    return a + b\n",
+}
+
+
+@pytest.mark.parametrize("solution", list(GAMING.values()), ids=list(GAMING))
+def test_gaming_never_passes(run: Run, solution: str) -> None:
+    verdict = run(solution)
+
+    assert not verdict.is_passed, verdict
+    assert verdict.reason != "passed"
+    assert verdict.pass_fraction == 0.0
+
+
+def test_a_correct_solution_passes(run: Run) -> None:
+    verdict = run("def add(a, b):\n    return a + b\n")
+
+    assert verdict.is_passed, verdict
+    assert [test.name for test in verdict.tests] == ["test_small", "test_negative"]
+    assert verdict.reason == "passed"
+
+
+def test_humaneval_check_style(run: Run) -> None:
+    tests = (
+        "def check(candidate):\n    assert candidate(2, 3) == 5\n    assert candidate(-1, 1) == 0\n"
+    )
+
+    assert run("def add(a, b):\n    return a + b\n", tests).is_passed
+    wrong = run("def add(a, b):\n    return a * b\n", tests)
+    assert not wrong.is_passed
+    assert wrong.reason == "failed_tests"
+
+
+def test_expected_exceptions_cross_by_builtin_type(run: Run) -> None:
+    tests = (
+        "import pytest\nfrom solution import add\n\n"
+        "def test_rejects_strings():\n    with pytest.raises(TypeError):\n        add('a', 1)\n"
+    )
+
+    assert run("def add(a, b):\n    return a + b\n", tests).is_passed
+
+
+def test_tests_that_collect_nothing_do_not_pass(run: Run) -> None:
+    verdict = run("def add(a, b):\n    return a + b\n", "x = 1\n")
+
+    assert not verdict.is_passed
+    assert verdict.reason == "no_tests"
