@@ -8,7 +8,7 @@ import typer
 from sqlalchemy.exc import OperationalError
 from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; not re-exported
 
-from flywheel.cli import admin, server
+from flywheel.cli import admin, sandbox, server
 from flywheel.errors import FlywheelError
 
 app = typer.Typer(
@@ -23,6 +23,7 @@ app.add_typer(server.db, name="db")
 app.add_typer(admin.tenants, name="tenants")
 app.add_typer(admin.keys, name="keys")
 app.add_typer(admin.domains, name="domains")
+app.add_typer(sandbox.sandbox, name="sandbox")
 
 
 def main(argv: list[str] | None = None) -> int:

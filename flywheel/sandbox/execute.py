@@ -22,7 +22,13 @@ from importlib import resources
 from pathlib import Path
 
 from flywheel.sandbox.limits import Limits
-from flywheel.sandbox.process import SANDBOX_PYTHON, reap_orphans, spawn, staged_files
+from flywheel.sandbox.process import (
+    SANDBOX_PYTHON,
+    forget_spawned,
+    reap_orphans,
+    spawn,
+    staged_files,
+)
 from flywheel.sandbox.verdict import Reason, TestResult, Verdict
 
 HARNESS = resources.files("flywheel.sandbox.harness")
@@ -149,6 +155,7 @@ class _Sandbox:
             if pid:
                 self.process.returncode = os.waitstatus_to_exitcode(status)
                 self.peak_rss_mb = usage.ru_maxrss / 1024  # with its waited-for descendants
+                forget_spawned(pid)
             elif time.monotonic() >= deadline:
                 return False
             else:

@@ -20,6 +20,7 @@ import resource
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
@@ -41,6 +42,10 @@ HOW_TO_FIX = (
 SANDBOX_UID_MIN = 200_000
 _UIDS = itertools.cycle(range(SANDBOX_UID_MIN + random.randrange(50_000), 300_000))
 PR_SET_CHILD_SUBREAPER = 36
+
+# bwrap processes started by `spawn` and not yet reaped by their owner: never orphans.
+_spawned: set[int] = set()
+_spawned_lock = threading.Lock()
 
 
 def is_unsafe_local() -> bool:
@@ -97,7 +102,11 @@ def reap_orphans(timeout_s: float = 1.0) -> None:
     """Reap adopted sandbox processes, waiting up to `timeout_s` for dying ones to exit."""
     deadline = time.monotonic() + timeout_s
     while True:
-        adopted = [pid for pid in _children() if _sandbox_state(pid) is not None]
+        with _spawned_lock:
+            owned = set(_spawned)
+        adopted = [
+            pid for pid in _children() if pid not in owned and _sandbox_state(pid) is not None
+        ]
         for pid in adopted:
             if _sandbox_state(pid) == "Z":
                 with contextlib.suppress(ChildProcessError):
@@ -105,6 +114,12 @@ def reap_orphans(timeout_s: float = 1.0) -> None:
         if not adopted or time.monotonic() > deadline:
             return
         time.sleep(0.01)
+
+
+def forget_spawned(pid: int) -> None:
+    """The owner has reaped `pid`."""
+    with _spawned_lock:
+        _spawned.discard(pid)
 
 
 def _children() -> list[int]:
@@ -189,16 +204,19 @@ def spawn(
         return _spawn_unsafe(argv, binds=binds, limits=limits, pass_fds=pass_fds)
     check_available()
     prefix = _bwrap_prefix(uid=next(_UIDS), binds=binds, tmpfs_mb=limits.tmpfs_mb)
-    return subprocess.Popen(
-        [*prefix, *argv],
-        env={},
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        pass_fds=pass_fds,
-        preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
-        start_new_session=True,
-    )
+    with _spawned_lock:
+        process = subprocess.Popen(
+            [*prefix, *argv],
+            env={},
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            pass_fds=pass_fds,
+            preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
+            start_new_session=True,
+        )
+        _spawned.add(process.pid)
+    return process
 
 
 def _spawn_unsafe(

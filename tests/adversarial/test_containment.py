@@ -49,7 +49,10 @@ def test_memory_bomb(run: Run) -> None:
 
 
 def test_busy_loop_ignoring_signals(run: Run) -> None:
-    body = "import signal\nfor s in (signal.SIGTERM, signal.SIGINT):\n    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass"
+    body = (
+        "import signal\nfor s in (signal.SIGTERM, signal.SIGINT):\n"
+        "    signal.signal(s, signal.SIG_IGN)\nwhile True:\n    pass"
+    )
     verdict = run(in_call(body))
 
     assert not verdict.is_passed
@@ -76,7 +79,10 @@ def test_gigabyte_to_stdout(run: Run) -> None:
 )
 def test_host_files_and_environment_are_out_of_reach(run: Run, path: str) -> None:
     tests = "from solution import add\n\ndef test_reads():\n    assert add(0, 0) == ''\n"
-    solution = f"def add(a, b):\n    try:\n        return open({path!r}).read()\n    except OSError as error:\n        return ''\n"
+    solution = (
+        f"def add(a, b):\n    try:\n        return open({path!r}).read()\n"
+        "    except OSError:\n        return ''\n"
+    )
 
     verdict = run(solution, tests)
 
@@ -91,7 +97,10 @@ def test_parent_secret_is_invisible(run: Run, monkeypatch: pytest.MonkeyPatch) -
         "            try:\n                seen[pid] = open(f'/proc/{pid}/environ').read()\n"
         "            except OSError:\n                pass\n    return repr(seen)\n"
     )
-    tests = "from solution import add\n\ndef test_no_canary():\n    assert 'canary-7f3a' not in add(0, 0)\n"
+    tests = (
+        "from solution import add\n\n"
+        "def test_no_canary():\n    assert 'canary-7f3a' not in add(0, 0)\n"
+    )
 
     assert run(solution, tests).is_passed
 
@@ -105,7 +114,10 @@ def test_parent_secret_is_invisible(run: Run, monkeypatch: pytest.MonkeyPatch) -
     ],
 )
 def test_no_network(run: Run, connect: str) -> None:
-    solution = f"import socket\ndef add(a, b):\n    try:\n        {connect}\n        return 'connected'\n    except OSError:\n        return 'refused'\n"
+    solution = (
+        f"import socket\ndef add(a, b):\n    try:\n        {connect}\n"
+        "        return 'connected'\n    except OSError:\n        return 'refused'\n"
+    )
     tests = "from solution import add\n\ndef test_refused():\n    assert add(0, 0) == 'refused'\n"
 
     assert run(solution, tests).is_passed
@@ -159,6 +171,9 @@ def test_kill_everything_leaves_the_caller_alive(run: Run) -> None:
 
 
 def test_daemons_do_not_survive(run: Run) -> None:
-    body = "import os, time\nif os.fork() == 0:\n    os.setsid()\n    if os.fork() == 0:\n        time.sleep(300)\n    os._exit(0)"
+    body = (
+        "import os, time\nif os.fork() == 0:\n    os.setsid()\n"
+        "    if os.fork() == 0:\n        time.sleep(300)\n    os._exit(0)"
+    )
     run(in_call(body))
     # the autouse fixture asserts no sandbox process lingers
