@@ -21,7 +21,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -98,22 +97,14 @@ def _become_subreaper() -> None:
         )
 
 
-def reap_orphans(timeout_s: float = 1.0) -> None:
-    """Reap adopted sandbox processes, waiting up to `timeout_s` for dying ones to exit."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with _spawned_lock:
-            owned = set(_spawned)
-        adopted = [
-            pid for pid in _children() if pid not in owned and _sandbox_state(pid) is not None
-        ]
-        for pid in adopted:
-            if _sandbox_state(pid) == "Z":
-                with contextlib.suppress(ChildProcessError):
-                    os.waitpid(pid, os.WNOHANG)
-        if not adopted or time.monotonic() > deadline:
-            return
-        time.sleep(0.01)
+def reap_orphans() -> None:
+    """Reap adopted sandbox processes that have exited; ones still dying wait for the next call."""
+    with _spawned_lock:
+        owned = set(_spawned)
+    for pid in _children():
+        if pid not in owned and _sandbox_state(pid) == "Z":
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
 
 def forget_spawned(pid: int) -> None:

@@ -105,6 +105,8 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         ["keys", "revoke"],
         ["domains", "create"],
         ["domains", "list"],
+        ["sandbox", "run"],
+        ["verify"],
     ):
         code, out, _ = run(capsys, *command, "--help")
         assert code == 0, command
