@@ -18,12 +18,15 @@ import os
 import random
 import resource
 import shutil
+import signal
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.errors import SandboxUnavailable
@@ -47,15 +50,16 @@ _spawned: set[int] = set()
 _spawned_lock = threading.Lock()
 
 
-def is_unsafe_local() -> bool:
+def is_unsafe_local(*, warn: bool = True) -> bool:
     """The development override: run without bwrap. Warns every time; training refuses it."""
     if os.environ.get(UNSAFE_ENV) != UNSAFE_VALUE:
         return False
-    warnings.warn(
-        f"{UNSAFE_ENV}={UNSAFE_VALUE}: running model-written code WITHOUT a sandbox",
-        RuntimeWarning,
-        stacklevel=3,
-    )
+    if warn:
+        warnings.warn(
+            f"{UNSAFE_ENV}={UNSAFE_VALUE}: running model-written code WITHOUT a sandbox",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     return True
 
 
@@ -188,11 +192,18 @@ def staged_files(files: Mapping[str, str]) -> Iterator[dict[str, str]]:
 
 
 def spawn(
-    argv: list[str], *, binds: Mapping[str, str], limits: Limits, pass_fds: tuple[int, ...]
+    argv: list[str],
+    *,
+    binds: Mapping[str, str],
+    limits: Limits,
+    pass_fds: tuple[int, ...],
+    keep_output: bool = True,
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` in a new sandbox; stdout and stderr are pipes for the caller to drain."""
+    """Start `argv` in a new sandbox; stdout and stderr go to one pipe for the caller to
+    drain, or to /dev/null without `keep_output`."""
+    output = subprocess.PIPE if keep_output else subprocess.DEVNULL
     if is_unsafe_local():
-        return _spawn_unsafe(argv, binds=binds, limits=limits, pass_fds=pass_fds)
+        return _spawn_unsafe(argv, binds=binds, limits=limits, pass_fds=pass_fds, output=output)
     check_available()
     prefix = _bwrap_prefix(uid=next(_UIDS), binds=binds, tmpfs_mb=limits.tmpfs_mb)
     with _spawned_lock:
@@ -200,7 +211,7 @@ def spawn(
             [*prefix, *argv],
             env={},
             stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
+            stdout=output,
             stderr=subprocess.STDOUT,
             pass_fds=pass_fds,
             preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
@@ -211,7 +222,12 @@ def spawn(
 
 
 def _spawn_unsafe(
-    argv: list[str], *, binds: Mapping[str, str], limits: Limits, pass_fds: tuple[int, ...]
+    argv: list[str],
+    *,
+    binds: Mapping[str, str],
+    limits: Limits,
+    pass_fds: tuple[int, ...],
+    output: int,
 ) -> subprocess.Popen[bytes]:
     """No isolation at all beyond rlimits: paths are rewritten to the staged host files."""
     host_of = {target: source for source, target in binds.items()}
@@ -219,10 +235,52 @@ def _spawn_unsafe(
         [host_of.get(arg, arg) for arg in argv],
         env={},
         stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
+        stdout=output,
         stderr=subprocess.STDOUT,
         pass_fds=pass_fds,
         preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
         start_new_session=True,
         cwd=tempfile.gettempdir(),
     )
+
+
+@dataclass
+class Sandbox:
+    """A started sandbox: its bwrap process, and its peak memory once reaped."""
+
+    process: subprocess.Popen[bytes]
+    peak_rss_mb: float = 0.0
+
+    def wait(self, timeout_s: float) -> bool:
+        """Reap bwrap within `timeout_s`; True once it has exited."""
+        deadline = time.monotonic() + timeout_s
+        while self.process.returncode is None:
+            pid, status, usage = os.wait4(self.process.pid, os.WNOHANG)
+            if pid:
+                self.process.returncode = os.waitstatus_to_exitcode(status)
+                self.peak_rss_mb = usage.ru_maxrss / 1024  # with its waited-for descendants
+                forget_spawned(pid)
+            elif time.monotonic() >= deadline:
+                return False
+            else:
+                time.sleep(0.005)
+        return True
+
+    def kill_inside(self) -> None:
+        """Kill the sandbox's init (bwrap's child, pid 1 of its pid namespace): every process
+        in the namespace dies with it, and bwrap reaps it and exits. Killing bwrap first would
+        orphan that init to a host pid 1 that may never reap it."""
+        children = Path(f"/proc/{self.process.pid}/task/{self.process.pid}/children")
+        with contextlib.suppress(OSError):
+            for child in children.read_text().split():
+                os.kill(int(child), signal.SIGKILL)
+
+    def stop(self, grace_s: float) -> None:
+        """Let it exit on its own for `grace_s`, then kill everything in it."""
+        if self.wait(grace_s):
+            return
+        self.kill_inside()
+        if not self.wait(2.0):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.wait(5.0)

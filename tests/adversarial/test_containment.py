@@ -12,6 +12,7 @@ import pytest
 
 from flywheel.sandbox import Verdict
 from flywheel.sandbox.process import reap_orphans
+from flywheel.sandbox.runners import POOL
 
 Run = Callable[..., Verdict]
 
@@ -27,6 +28,7 @@ def sandbox_processes() -> list[str]:
 @pytest.fixture(autouse=True)
 def nothing_lingers() -> object:
     yield
+    POOL.close()  # warm runners too must shut down cleanly
     deadline = time.monotonic() + 3
     while sandbox_processes() and time.monotonic() < deadline:
         reap_orphans()  # sandbox inits still dying are reaped on a later call

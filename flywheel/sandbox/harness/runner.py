@@ -1,4 +1,4 @@
-"""Test side: run the task's tests against a proxy of the candidate, report each result.
+"""Test side: run tasks' tests against a proxy of the candidate, report each result.
 
 The candidate's functions are proxies: arguments go out as `repr`, results come back through
 `ast.literal_eval`, so only plain values (numbers, strings, lists, dicts, ...) cross and the
@@ -11,8 +11,12 @@ import ast
 import builtins
 import json
 import os
+import resource
 import select
+import signal
+import socket
 import sys
+import time
 import types
 
 SAFE_EXCEPTIONS = {
@@ -141,21 +145,67 @@ def run_one(test):
         return "failed", type(error).__name__ + ": " + str(error)[:500]
 
 
-def main():
-    request_fd, response_fd, results_fd = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
-    entry_point, tests_path, call_timeout_s = sys.argv[4], sys.argv[5], float(sys.argv[6])
+def run_job(job, request_fd, response_fd, results_fd):
+    """Run one task's tests against the candidate behind the given pipes."""
     results = os.fdopen(results_fd, "w", encoding="utf-8", buffering=1)
-    channel = Channel(request_fd, response_fd, call_timeout_s)
+    channel = Channel(request_fd, response_fd, job["call_timeout_s"])
     install_modules(channel)
     namespace = TestGlobals(channel, __name__="tests")
-    namespace[entry_point] = proxy(channel, entry_point)
-    with open(tests_path, encoding="utf-8") as source:
-        exec(compile(source.read(), "tests.py", "exec"), namespace)
-    tests = collect(namespace, entry_point, channel)
+    namespace[job["entry_point"]] = proxy(channel, job["entry_point"])
+    exec(compile(job["tests"], "tests.py", "exec"), namespace)
+    tests = collect(namespace, job["entry_point"], channel)
     for name, test in tests:
         status, message = run_one(test)
         results.write(json.dumps({"test": name, "status": status, "message": message}) + "\n")
     results.write(json.dumps({"done": len(tests)}) + "\n")
+
+
+def serve(control):
+    """A warm test runner: one job at a time, each in a forked child of this clean process.
+
+    A job arrives as an 8-byte length with the job's three pipe ends attached (SCM_RIGHTS),
+    then that many bytes of JSON. This process never runs tests itself, so every job starts
+    from the same state; it kills a job that outlives its wall clock.
+    """
+    while True:
+        header, fds, _, _ = socket.recv_fds(control, 8, 3)
+        if not header:
+            return
+        payload = b""
+        size = int.from_bytes(header, "big")
+        while len(payload) < size:
+            chunk = control.recv(size - len(payload))
+            if not chunk:
+                return
+            payload += chunk
+        job = json.loads(payload)
+        child = os.fork()
+        if child == 0:
+            control.close()
+            resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"]))
+            try:
+                run_job(job, *fds)
+            finally:
+                os._exit(0)
+        for fd in fds:
+            os.close(fd)
+        reap(child, time.monotonic() + job["wall_s"])
+
+
+def reap(child, deadline):
+    while True:
+        pid, _ = os.waitpid(child, os.WNOHANG)
+        if pid:
+            return
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)
+            os.waitpid(child, 0)
+            return
+        time.sleep(0.002)
+
+
+def main():
+    serve(socket.socket(fileno=int(sys.argv[1])))
 
 
 main()
