@@ -1,45 +1,44 @@
 """Run a candidate solution against tests: two sandboxes, literal values between them.
 
-The candidate runs alone in a fresh sandbox and only answers calls; the tests run in another
-(a warm runner, see runners.py) and call it through a proxy; per-test results reach this
+The candidate runs alone, in a fresh child of a warm zygote with namespaces of its own, and
+only answers calls; the tests run in another sandbox (a warm runner, see warm.py) and call it
+through a proxy; per-test results reach this
 (trusted) process on a pipe that only the test side holds. The verdict is decided here, from
 those results — never from an exit code, never from anything the candidate printed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from importlib import resources
 
+from flywheel.errors import InvalidInput
 from flywheel.sandbox.limits import Limits
-from flywheel.sandbox.process import SANDBOX_PYTHON, Sandbox, reap_orphans, spawn, staged_files
-from flywheel.sandbox.runners import POOL, WarmRunner
+from flywheel.sandbox.process import check_available, is_unsafe_local, reap_orphans
 from flywheel.sandbox.verdict import Reason, TestResult, Verdict
+from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmSandbox
 
-CANDIDATE_PY = resources.files("flywheel.sandbox.harness").joinpath("candidate.py").read_text()
+REPORT_WAIT_S = 2.0  # how long a warm sandbox may take to report a finished job
 
 
 @dataclass
 class _Output:
-    """Drains one sandbox's stdout+stderr, keeping at most `cap` bytes."""
+    """Drains what the candidate prints, keeping at most `cap` bytes."""
 
-    process: subprocess.Popen[bytes]
+    fd: int
     cap: int
+    on_over_cap: Callable[[], None]
     data: bytearray = field(default_factory=bytearray)
     is_over_cap: bool = False
-    on_over_cap: Callable[[], None] = lambda: None
 
     def drain(self) -> None:
-        assert self.process.stdout is not None
-        fd = self.process.stdout.fileno()
-        for chunk in iter(lambda: os.read(fd, 65536), b""):
+        for chunk in iter(lambda: os.read(self.fd, 65536), b""):
             if len(self.data) + len(chunk) > self.cap:
                 self.is_over_cap = True
                 self.on_over_cap()
@@ -48,63 +47,84 @@ class _Output:
 
 
 def run_tests(
-    solution: str, tests: str, *, entry_point: str, limits: Limits | None = None
+    solution: str,
+    tests: str,
+    *,
+    entry_point: str,
+    limits: Limits | None = None,
+    language: str = "python",
 ) -> Verdict:
     """Run `tests` (pytest-style `test_*` functions and/or HumanEval `check(candidate)`)
     against `solution`, whose function `entry_point` the tests call."""
+    if language != "python":
+        raise InvalidInput(f"language {language!r} is not supported yet (python is)")
+    if not is_unsafe_local(warn=False):
+        check_available()  # fail closed, even with warm sandboxes at hand
     limits = limits or Limits()
     started = time.monotonic()
     request_r, request_w = os.pipe()
     response_r, response_w = os.pipe()
     results_r, results_w = os.pipe()
-    candidate_files = {"/harness/candidate.py": CANDIDATE_PY, "/task/solution.py": solution}
-    job = {
-        "tests": tests,
-        "entry_point": entry_point,
-        "call_timeout_s": limits.call_timeout_s,
-        "wall_s": limits.wall_s,
-        "cpu_s": limits.cpu_s,
-    }
-    with staged_files(candidate_files) as binds:
-        try:
-            argv = [SANDBOX_PYTHON, "-I", "-S", "/harness/candidate.py",
-                    str(request_r), str(response_w), "/task/solution.py"]  # fmt: skip
-            candidate = Sandbox(
-                spawn(argv, binds=binds, limits=limits, pass_fds=(request_r, response_w))
-            )
-            runner = _start_job(job, (request_w, response_r, results_w), candidate)
-        except BaseException:
-            os.close(results_r)
-            raise
-        finally:  # the sandboxes hold their own copies now
-            for fd in (request_r, request_w, response_r, response_w, results_w):
-                os.close(fd)
-        output = _Output(
-            candidate.process, limits.max_output_bytes, on_over_cap=candidate.kill_inside
-        )
-        drain = threading.Thread(target=output.drain, daemon=True)
-        drain.start()
-        lines, timed_out = _read_results(results_r, started + limits.wall_s)
-        candidate.stop(grace_s=0.0 if timed_out else 1.0)  # it exits once the tests are done
-        POOL.give_back(runner)
-        drain.join(timeout=5)
-        if candidate.process.stdout is not None:
-            candidate.process.stdout.close()
-        reap_orphans()
-    return _decide(lines, timed_out, output, time.monotonic() - started, candidate.peak_rss_mb)
-
-
-def _start_job(job: dict[str, object], fds: tuple[int, int, int], candidate: Sandbox) -> WarmRunner:
-    """Hand the tests to a warm runner; on any failure, stop the candidate and drop the runner."""
-    runner = None
+    output_r, output_w = os.pipe()
     try:
-        runner = POOL.borrow()
-        runner.submit(job, fds)
-        return runner
+        zygote, runner = _start(
+            solution, tests, entry_point, limits,
+            candidate_fds=(request_r, response_w, output_w),
+            runner_fds=(request_w, response_r, results_w),
+        )  # fmt: skip
     except BaseException:
-        candidate.stop(grace_s=0.0)
-        if runner is not None:
-            runner.close()
+        os.close(results_r)
+        os.close(output_r)
+        raise
+    finally:  # the sandboxes hold their own copies now
+        for fd in (request_r, request_w, response_r, response_w, results_w, output_w):
+            os.close(fd)
+    output = _Output(output_r, limits.max_output_bytes, on_over_cap=zygote.sandbox.kill_inside)
+    drain = threading.Thread(target=output.drain, daemon=True)
+    drain.start()
+    lines, timed_out = _read_results(results_r, started + limits.wall_s)
+    is_clean = not timed_out and not output.is_over_cap
+    zygote_report = zygote.read_report(REPORT_WAIT_S) if is_clean else None
+    runner_report = runner.read_report(REPORT_WAIT_S) if is_clean else None
+    ZYGOTES.give_back(zygote, is_healthy=zygote_report is not None)
+    RUNNERS.give_back(runner, is_healthy=runner_report is not None)
+    drain.join(timeout=5)
+    os.close(output_r)
+    reap_orphans()
+    peak_mb = (zygote_report or {}).get("peak_rss_kib", 0) / 1024
+    return _decide(lines, timed_out, output, time.monotonic() - started, peak_mb)
+
+
+def _start(
+    solution: str,
+    tests: str,
+    entry_point: str,
+    limits: Limits,
+    *,
+    candidate_fds: tuple[int, int, int],
+    runner_fds: tuple[int, int, int],
+) -> tuple[WarmSandbox, WarmSandbox]:
+    """Hand the solution to a candidate zygote and the tests to a test runner."""
+    zygote = runner = None
+    try:
+        zygote = ZYGOTES.borrow()
+        zygote.submit({"solution": solution, **dataclasses.asdict(limits)}, candidate_fds)
+        runner = RUNNERS.borrow()
+        runner.submit(
+            {
+                "tests": tests,
+                "entry_point": entry_point,
+                "call_timeout_s": limits.call_timeout_s,
+                "wall_s": limits.wall_s,
+                "cpu_s": limits.cpu_s,
+            },
+            runner_fds,
+        )
+        return zygote, runner
+    except BaseException:
+        for warm in (zygote, runner):
+            if warm is not None:
+                warm.close()
         raise
 
 

@@ -1,25 +1,94 @@
-"""Candidate side: load the solution, then answer calls with literal values only.
+"""Candidate side: a zygote that gives each solution a fresh, isolated child to run in.
 
-Runs alone in its own sandbox: it never sees the tests or any expected value. Each request is
-one JSON line `{"name": ..., "args": "<repr of a tuple>", "kwargs": "<repr of a dict>"}` on the
-request fd; each answer one JSON line on the response fd: `{"value": "<repr>"}` or
-`{"raise": "<exception type name>", "message": "..."}`.
+This process starts once per warm sandbox, never runs candidate code itself, and for each
+job forks a child that enters new user, mount and pid namespaces (fresh /work and /tmp, its
+own /proc, pid 1 of its own namespace so nothing it starts outlives it), sets the job's
+rlimits, drops every capability, then loads the solution and answers calls:
+
+request fd:  one JSON line `{"name": ..., "args": "<repr of a tuple>", "kwargs": "<repr>"}`
+response fd: one JSON line `{"value": "<repr>"}` or `{"raise": "<type name>", "message": ...}`
+
+It never sees the tests or any expected value. After each job this process reports the
+job's peak memory on its control socket.
 """
 
 import ast
+import ctypes
 import json
 import os
+import resource
+import signal
+import socket
 import sys
+import time
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x00020000, 0x20000000
+MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
+PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
+MIB = 1024 * 1024
 
 
-def main() -> None:
-    request_fd, response_fd = int(sys.argv[1]), int(sys.argv[2])
-    requests = os.fdopen(request_fd, "r", encoding="utf-8")
-    responses = os.fdopen(response_fd, "w", encoding="utf-8", buffering=1)
+class CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class CapData(ctypes.Structure):
+    _fields_ = [
+        ("effective", ctypes.c_uint32),
+        ("permitted", ctypes.c_uint32),
+        ("inheritable", ctypes.c_uint32),
+    ]
+
+
+def check(result, what):
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, what + ": " + os.strerror(errno))
+
+
+def enter_namespaces(job):
+    """New user, mount and pid namespaces with fresh size-capped /work and /tmp."""
+    uid, gid = os.getuid(), os.getgid()
+    check(LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    for name, text in (
+        ("setgroups", "deny"),
+        ("uid_map", f"{uid} {uid} 1"),
+        ("gid_map", f"{gid} {gid} 1"),
+    ):
+        with open("/proc/self/" + name, "w") as control:
+            control.write(text)
+    check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount private")
+    for path, size in ((b"/work", job["tmpfs_mb"] * MIB), (b"/tmp", MIB)):
+        options = b"size=" + str(size).encode()
+        check(LIBC.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount tmpfs")
+
+
+def confine(job, is_sandboxed):
+    """In the job's pid-1 process: own /proc, rlimits, no capabilities, no new privileges."""
+    check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    if is_sandboxed:
+        check(
+            LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "proc"
+        )
+        os.chdir("/work")
+    for limit, value in (
+        (resource.RLIMIT_CPU, job["cpu_s"]),
+        (resource.RLIMIT_AS, job["memory_mb"] * MIB),
+        (resource.RLIMIT_NPROC, job["max_processes"]),
+        (resource.RLIMIT_FSIZE, job["max_file_mb"] * MIB),
+        (resource.RLIMIT_NOFILE, job["max_open_files"]),
+    ):
+        resource.setrlimit(limit, (value, value))
+    check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    if is_sandboxed:
+        check(LIBC.capset(ctypes.byref(CapHeader(0x20080522, 0)), (CapData * 2)()), "capset")
+
+
+def answer_calls(source, requests, responses):
     namespace = {"__name__": "solution"}
     try:
-        with open(sys.argv[3], encoding="utf-8") as source:
-            exec(compile(source.read(), "solution.py", "exec"), namespace)
+        exec(compile(source, "solution.py", "exec"), namespace)
         loaded = None
     except BaseException as error:  # the solution itself may be broken: report it per call
         loaded = error
@@ -39,6 +108,81 @@ def answer(namespace, loaded, request):
         return {"value": repr(function(*args, **kwargs))}
     except BaseException as error:
         return {"raise": type(error).__name__, "message": str(error)[:1000]}
+
+
+def run_job(job, fds, is_sandboxed):
+    """Fork the isolated child for one job; return its peak memory in KiB."""
+    request_fd, response_fd, output_fd = fds
+    middle = os.fork()
+    if middle == 0:
+        try:
+            if is_sandboxed:
+                enter_namespaces(job)
+            inner = os.fork()  # pid 1 of the new pid namespace
+            if inner == 0:
+                confine(job, is_sandboxed)
+                os.dup2(output_fd, 1)
+                os.dup2(output_fd, 2)
+                close_all_but({request_fd, response_fd})
+                sys.stdout = os.fdopen(1, "w", buffering=1)
+                sys.stderr = os.fdopen(2, "w", buffering=1)
+                requests = os.fdopen(request_fd, "r", encoding="utf-8")
+                responses = os.fdopen(response_fd, "w", encoding="utf-8", buffering=1)
+                answer_calls(job["solution"], requests, responses)
+                os._exit(0)
+            for fd in fds:
+                os.close(fd)
+            os.waitpid(inner, 0)
+        finally:
+            os._exit(0)
+    for fd in fds:
+        os.close(fd)
+    return reap(middle, time.monotonic() + job["wall_s"])
+
+
+def close_all_but(keep):
+    """Close every descriptor above 2 but `keep` (the control socket above all)."""
+    start = 3
+    for fd in sorted(keep):
+        os.closerange(start, fd)
+        start = fd + 1
+    os.closerange(start, 65536)
+
+
+def reap(child, deadline):
+    """Wait for the job (killing it at the deadline); its peak resident memory in KiB."""
+    while True:
+        pid, _, usage = os.wait4(child, os.WNOHANG)
+        if pid:
+            return usage.ru_maxrss
+        if time.monotonic() > deadline:
+            os.kill(child, signal.SIGKILL)  # its pid-1 child dies by PDEATHSIG, and all with it
+            return os.wait4(child, 0)[2].ru_maxrss
+        time.sleep(0.002)
+
+
+def receive(control):
+    header, fds, _, _ = socket.recv_fds(control, 8, 3)
+    if not header:
+        return None, ()
+    size, payload = int.from_bytes(header, "big"), b""
+    while len(payload) < size:
+        chunk = control.recv(size - len(payload))
+        if not chunk:
+            return None, ()
+        payload += chunk
+    return json.loads(payload), tuple(fds)
+
+
+def main():
+    control = socket.socket(fileno=int(sys.argv[1]))
+    is_sandboxed = sys.argv[2] == "sandboxed"
+    while True:
+        job, fds = receive(control)
+        if job is None:
+            return
+        peak_kib = run_job(job, fds, is_sandboxed)
+        control.sendall(json.dumps({"peak_rss_kib": peak_kib}).encode() + b"\n")
 
 
 main()

@@ -190,6 +190,7 @@ def serve(control):
         for fd in fds:
             os.close(fd)
         reap(child, time.monotonic() + job["wall_s"])
+        control.sendall(b'{"done": true}\n')
 
 
 def reap(child, deadline):

@@ -1,0 +1,130 @@
+"""Warm sandboxes: started once, fed one job at a time over a Unix socket, kept if healthy.
+
+Starting a sandbox and a Python costs more than most executions. Two kinds are kept warm:
+test runners (they never run candidate code) and candidate zygotes (they never run candidate
+code either: each job runs in a freshly forked child with new user, mount and pid namespaces,
+see harness/candidate.py). A job is an 8-byte length with its pipe ends attached
+(SCM_RIGHTS), then that many bytes of JSON; after it, the sandbox reports one JSON line.
+A sandbox whose job timed out or misbehaved is closed, never reused.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import json
+import select
+import socket
+import threading
+from contextlib import ExitStack
+from importlib import resources
+from typing import Any
+
+from flywheel.sandbox.limits import Limits
+from flywheel.sandbox.process import (
+    SANDBOX_PYTHON,
+    Sandbox,
+    is_unsafe_local,
+    spawn,
+    staged_files,
+)
+
+# The long-lived processes do little themselves; each job gets the caller's limits.
+WARM_LIMITS = Limits(cpu_s=24 * 3600, memory_mb=1024, max_processes=64, max_open_files=256)
+
+
+class WarmSandbox:
+    def __init__(self, script: str, *args: str) -> None:
+        self._files = ExitStack()
+        text = resources.files("flywheel.sandbox.harness").joinpath(script).read_text()
+        binds = self._files.enter_context(staged_files({f"/harness/{script}": text}))
+        ours, theirs = socket.socketpair()
+        try:
+            process = spawn(
+                [SANDBOX_PYTHON, "-I", "-S", f"/harness/{script}", str(theirs.fileno()), *args],
+                binds=binds,
+                limits=WARM_LIMITS,
+                pass_fds=(theirs.fileno(),),
+                keep_output=False,  # jobs get their own output pipes
+            )
+        except BaseException:
+            ours.close()
+            self._files.close()
+            raise
+        finally:
+            theirs.close()
+        self.control = ours
+        self.sandbox = Sandbox(process)
+        self.is_unsafe = is_unsafe_local(warn=False)
+        self._reports = b""
+
+    @property
+    def is_alive(self) -> bool:
+        return not self.sandbox.wait(0.0)
+
+    def submit(self, job: dict[str, Any], fds: tuple[int, ...]) -> None:
+        payload = json.dumps(job).encode()
+        socket.send_fds(self.control, [len(payload).to_bytes(8, "big")], list(fds))
+        self.control.sendall(payload)
+
+    def read_report(self, timeout_s: float) -> dict[str, Any] | None:
+        """The line the sandbox writes after a job, or None if none came in time."""
+        while b"\n" not in self._reports:
+            ready, _, _ = select.select([self.control], [], [], timeout_s)
+            chunk = self.control.recv(4096) if ready else b""
+            if not chunk:
+                return None
+            self._reports += chunk
+        line, _, self._reports = self._reports.partition(b"\n")
+        report: dict[str, Any] = json.loads(line)
+        return report
+
+    def close(self) -> None:
+        self.control.close()  # the sandbox's process exits when its socket closes
+        self.sandbox.stop(grace_s=1.0)
+        self._files.close()
+
+
+class WarmPool:
+    """Idle warm sandboxes of one kind; one is borrowed per execution.
+
+    Sandboxes started under the unsafe-local override are never pooled, so a sandboxed run
+    can never be handed an unsandboxed one.
+    """
+
+    def __init__(self, script: str) -> None:
+        self._script = script
+        self._idle: list[WarmSandbox] = []
+        self._lock = threading.Lock()
+
+    def borrow(self) -> WarmSandbox:
+        if is_unsafe_local():
+            return WarmSandbox(self._script, "unsafe")
+        while True:
+            with self._lock:
+                warm = self._idle.pop() if self._idle else None
+            if warm is None:
+                return WarmSandbox(self._script, "sandboxed")
+            if warm.is_alive:
+                return warm
+            warm.close()
+
+    def give_back(self, warm: WarmSandbox, *, is_healthy: bool) -> None:
+        if warm.is_unsafe or not is_healthy:
+            warm.close()
+            return
+        with self._lock:
+            self._idle.append(warm)
+
+    def close(self) -> None:
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for warm in idle:
+            with contextlib.suppress(OSError):
+                warm.close()
+
+
+RUNNERS = WarmPool("runner.py")
+ZYGOTES = WarmPool("candidate.py")
+atexit.register(RUNNERS.close)
+atexit.register(ZYGOTES.close)
