@@ -16,6 +16,7 @@ import json
 import select
 import socket
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from importlib import resources
 from typing import Any
@@ -31,6 +32,11 @@ from flywheel.sandbox.process import (
 
 # The long-lived processes do little themselves; each job gets the caller's limits.
 WARM_LIMITS = Limits(cpu_s=24 * 3600, memory_mb=1024, max_processes=64, max_open_files=256)
+
+# bwrap --die-with-parent means "dies with the *thread* that started it" (PR_SET_PDEATHSIG):
+# a warm sandbox started from a short-lived worker thread would die with that thread. They
+# are all started from this one thread, which lives as long as the process.
+_STARTER = ThreadPoolExecutor(1, thread_name_prefix="flywheel-sandbox-starter")
 
 
 class WarmSandbox:
@@ -99,12 +105,12 @@ class WarmPool:
 
     def borrow(self) -> WarmSandbox:
         if is_unsafe_local():
-            return WarmSandbox(self._script, "unsafe")
+            return _STARTER.submit(WarmSandbox, self._script, "unsafe").result()
         while True:
             with self._lock:
                 warm = self._idle.pop() if self._idle else None
             if warm is None:
-                return WarmSandbox(self._script, "sandboxed")
+                return _STARTER.submit(WarmSandbox, self._script, "sandboxed").result()
             if warm.is_alive:
                 return warm
             warm.close()

@@ -133,6 +133,8 @@ def run_job(job, fds, is_sandboxed):
             for fd in fds:
                 os.close(fd)
             os.waitpid(inner, 0)
+        except BaseException as error:  # say why in the job's output; the verdict shows it
+            os.write(output_fd, ("sandbox setup failed: " + repr(error) + "\n").encode())
         finally:
             os._exit(0)
     for fd in fds:

@@ -1,0 +1,71 @@
+"""Warm sandboxes: reused when healthy, discarded after trouble, never tied to a thread."""
+
+from __future__ import annotations
+
+import threading
+
+from flywheel.sandbox import Limits, run_tests
+from flywheel.sandbox.warm import RUNNERS, ZYGOTES
+
+SOLUTION = "def add(a, b):\n    return a + b\n"
+TESTS = "from solution import add\n\ndef test_add():\n    assert add(2, 2) == 4\n"
+
+
+def idle(pool: object) -> list[object]:
+    return list(pool._idle)  # type: ignore[attr-defined]
+
+
+def test_sandboxes_outlive_the_thread_that_started_them() -> None:
+    """bwrap --die-with-parent follows the starting *thread*; ours must not die with it."""
+    RUNNERS.close()
+    ZYGOTES.close()
+    verdicts = []
+    worker = threading.Thread(
+        target=lambda: verdicts.append(run_tests(SOLUTION, TESTS, entry_point="add"))
+    )
+    worker.start()
+    worker.join()
+
+    assert verdicts[0].is_passed
+    warm = idle(ZYGOTES) + idle(RUNNERS)
+    assert len(warm) == 2
+    assert all(sandbox.is_alive for sandbox in warm)  # type: ignore[attr-defined]
+    assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
+    assert idle(ZYGOTES) + idle(RUNNERS) == warm  # the same two, reused
+
+
+def test_a_timed_out_job_discards_its_sandboxes() -> None:
+    assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
+    before = idle(ZYGOTES) + idle(RUNNERS)
+
+    verdict = run_tests(
+        "import time\ndef add(a, b):\n    time.sleep(1e9)\n",
+        TESTS,
+        entry_point="add",
+        limits=Limits(wall_s=2, call_timeout_s=5),
+    )
+
+    assert verdict.reason == "timeout"
+    assert not any(sandbox in idle(ZYGOTES) + idle(RUNNERS) for sandbox in before)
+
+
+def test_state_does_not_leak_between_candidates_of_one_zygote() -> None:
+    writer = (
+        "import os\nopen('/work/left-behind', 'w').write('x')\n"
+        "open('/tmp/left-behind', 'w').write('x')\n"
+        "if os.fork() == 0:\n    import time\n    time.sleep(60)\n"
+        "def add(a, b):\n    return a + b\n"
+    )
+    reader = (
+        "import os\ndef add(a, b):\n"
+        "    seen = os.listdir('/work') + os.listdir('/tmp')\n"
+        "    others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]\n"
+        "    return a + b if not seen and not others else repr((seen, others))\n"
+    )
+    RUNNERS.close()
+    ZYGOTES.close()
+
+    assert run_tests(writer, TESTS, entry_point="add").is_passed
+    verdict = run_tests(reader, TESTS, entry_point="add")
+
+    assert verdict.is_passed, verdict
