@@ -30,7 +30,8 @@ app.add_typer(sandbox.sandbox, name="sandbox")
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; errors become `error: ...` on one line and a non-zero exit code."""
     try:
-        app(args=argv, standalone_mode=False)
+        # Without standalone mode, click returns a typer.Exit's code instead of raising it.
+        result = app(args=argv, standalone_mode=False)
     except NoArgsIsHelpError as error:
         sys.stdout.write(error.format_message() + "\n")
         return 0
@@ -48,7 +49,7 @@ def main(argv: list[str] | None = None) -> int:
     except OperationalError as error:
         _fail(f"database unreachable: {str(error.orig).strip().splitlines()[0]}")
         return 1
-    return 0
+    return result if isinstance(result, int) else 0
 
 
 def _fail(message: str) -> None:

@@ -25,6 +25,8 @@ from flywheel.sandbox.verdict import Reason, TestResult, Verdict
 from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmSandbox
 
 REPORT_WAIT_S = 2.0  # how long a warm sandbox may take to report a finished job
+# The sandboxes kill a job this long after our own wall clock: ours decides, theirs is a backstop.
+BACKSTOP_S = 1.0
 
 
 @dataclass
@@ -108,15 +110,18 @@ def _start(
     zygote = runner = None
     try:
         zygote = ZYGOTES.borrow()
-        zygote.submit({"solution": solution, **dataclasses.asdict(limits)}, candidate_fds)
+        backstop = {"wall_s": limits.wall_s + BACKSTOP_S}
+        zygote.submit(
+            {"solution": solution, **dataclasses.asdict(limits), **backstop}, candidate_fds
+        )
         runner = RUNNERS.borrow()
         runner.submit(
             {
                 "tests": tests,
                 "entry_point": entry_point,
                 "call_timeout_s": limits.call_timeout_s,
-                "wall_s": limits.wall_s,
                 "cpu_s": limits.cpu_s,
+                **backstop,
             },
             runner_fds,
         )
@@ -141,8 +146,8 @@ def _read_results(fd: int, deadline: float) -> tuple[list[dict[str, object]], bo
             if not ready:
                 continue
             chunk = os.read(fd, 65536)
-            if not chunk:
-                return lines, False
+            if not chunk:  # the test side finished, or was killed after our deadline
+                return lines, time.monotonic() > deadline
             buffer += chunk
             *complete, buffer = buffer.split(b"\n")
             lines += [json.loads(line) for line in complete if line.strip()]

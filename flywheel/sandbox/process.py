@@ -63,6 +63,12 @@ def is_unsafe_local(*, warn: bool = True) -> bool:
     return True
 
 
+def refuse_unsafe_local(purpose: str) -> None:
+    """For callers that must never run unsandboxed (training): refuse the override."""
+    if os.environ.get(UNSAFE_ENV) == UNSAFE_VALUE:
+        raise SandboxUnavailable(f"{purpose} refuses {UNSAFE_ENV}={UNSAFE_VALUE}: unset it")
+
+
 @functools.cache
 def _probe() -> str | None:
     """Why sandboxes cannot start here, or None when a trial sandbox ran."""

@@ -18,11 +18,24 @@ Run = Callable[..., Verdict]
 
 
 def sandbox_processes() -> list[str]:
-    """Processes, running or zombie, under a sandbox uid (200000 and up)."""
+    """Our descendants, running or zombie, under a sandbox uid (200000 and up).
+
+    Only this test process's own tree counts: another Flywheel on the machine has its own.
+    """
     listing = subprocess.run(
         ["ps", "-eo", "uid=,pid=,ppid=,stat=,args="], capture_output=True, text=True, check=True
     )
-    return [line for line in listing.stdout.splitlines() if int(line.split()[0]) >= 200_000]
+    rows = [line.split(maxsplit=4) for line in listing.stdout.splitlines()]
+    parent = {int(row[1]): int(row[2]) for row in rows}
+
+    def is_ours(pid: int) -> bool:
+        while pid > 1:
+            if pid == os.getpid():
+                return True
+            pid = parent.get(pid, 0)
+        return False
+
+    return [" ".join(row) for row in rows if int(row[0]) >= 200_000 and is_ours(int(row[1]))]
 
 
 @pytest.fixture(autouse=True)

@@ -6,7 +6,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from flywheel.sandbox import SandboxUnavailable, check_available, process, run_tests
+from flywheel.sandbox import (
+    SandboxUnavailable,
+    check_available,
+    process,
+    refuse_unsafe_local,
+    run_tests,
+)
 
 SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = "from solution import add\n\ndef test_add():\n    assert add(2, 2) == 4\n"
@@ -53,3 +59,11 @@ def test_unsafe_local_override_warns_on_every_use(monkeypatch: pytest.MonkeyPatc
         with pytest.warns(RuntimeWarning, match="WITHOUT a sandbox"):
             verdict = run_tests(SOLUTION, TESTS, entry_point="add")
         assert verdict.is_passed
+
+
+def test_training_can_refuse_the_override(monkeypatch: pytest.MonkeyPatch) -> None:
+    refuse_unsafe_local("GRPO training")  # no override set: nothing to refuse
+    monkeypatch.setenv("FLYWHEEL_SANDBOX", "unsafe-local")
+
+    with pytest.raises(SandboxUnavailable, match="GRPO training refuses"):
+        refuse_unsafe_local("GRPO training")
