@@ -2,9 +2,10 @@
 
 The candidate runs alone, in a fresh child of a warm zygote with namespaces of its own, and
 only answers calls; the tests run in another sandbox (a warm runner, see warm.py) and call it
-through a proxy; per-test results reach this
-(trusted) process on a pipe that only the test side holds. The verdict is decided here, from
-those results — never from an exit code, never from anything the candidate printed.
+through a proxy; per-test results reach this (trusted) process on a pipe that only the test
+side holds. The verdict is decided here, from those results — never from an exit code, never
+from anything the candidate printed. (The *reason* label may use what the candidate printed,
+e.g. a MemoryError; a pass never does.)
 """
 
 from __future__ import annotations
