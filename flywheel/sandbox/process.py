@@ -206,18 +206,25 @@ def spawn(
     keep_output: bool = True,
 ) -> subprocess.Popen[bytes]:
     """Start `argv` in a new sandbox; stdout and stderr go to one pipe for the caller to
-    drain, or to /dev/null without `keep_output`."""
-    output = subprocess.PIPE if keep_output else subprocess.DEVNULL
+    drain, or to /dev/null without `keep_output`.
+
+    Under the unsafe-local override there is no isolation beyond rlimits: the sandbox paths
+    in `argv` are rewritten to the staged host files.
+    """
     if is_unsafe_local():
-        return _spawn_unsafe(argv, binds=binds, limits=limits, pass_fds=pass_fds, output=output)
-    check_available()
-    prefix = _bwrap_prefix(uid=next(_UIDS), binds=binds, tmpfs_mb=limits.tmpfs_mb)
+        host_of = {target: source for source, target in binds.items()}
+        command, cwd = [host_of.get(arg, arg) for arg in argv], tempfile.gettempdir()
+    else:
+        check_available()
+        prefix = _bwrap_prefix(uid=next(_UIDS), binds=binds, tmpfs_mb=limits.tmpfs_mb)
+        command, cwd = [*prefix, *argv], None
     with _spawned_lock:
         process = subprocess.Popen(
-            [*prefix, *argv],
+            command,
             env={},
+            cwd=cwd,
             stdin=subprocess.DEVNULL,
-            stdout=output,
+            stdout=subprocess.PIPE if keep_output else subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             pass_fds=pass_fds,
             preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
@@ -225,29 +232,6 @@ def spawn(
         )
         _spawned.add(process.pid)
     return process
-
-
-def _spawn_unsafe(
-    argv: list[str],
-    *,
-    binds: Mapping[str, str],
-    limits: Limits,
-    pass_fds: tuple[int, ...],
-    output: int,
-) -> subprocess.Popen[bytes]:
-    """No isolation at all beyond rlimits: paths are rewritten to the staged host files."""
-    host_of = {target: source for source, target in binds.items()}
-    return subprocess.Popen(
-        [host_of.get(arg, arg) for arg in argv],
-        env={},
-        stdin=subprocess.DEVNULL,
-        stdout=output,
-        stderr=subprocess.STDOUT,
-        pass_fds=pass_fds,
-        preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
-        start_new_session=True,
-        cwd=tempfile.gettempdir(),
-    )
 
 
 @dataclass
