@@ -51,8 +51,11 @@ def _verify_domain(
         tasks = verification.pending_tasks(
             session=session, domain_id=domain_id, include_checked=recheck
         )
-        results = _with_progress([verification.task_spec(task) for task in tasks], workers, quiet)
-        verification.record_results(session=session, tasks=tasks, results=results)
+        specs = [verification.task_spec(task) for task in tasks]
+    # QA can take minutes: no transaction stays open meanwhile.
+    results = _with_progress(specs, workers, quiet)
+    with database_session() as session:
+        verification.record_results(session=session, results=results)
     return results
 
 

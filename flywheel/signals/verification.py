@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from flywheel.sandbox.qa import QaResult, TaskSpec, check_task
@@ -50,10 +50,16 @@ def check_all(
         return list(pool.map(run, specs))
 
 
-def record_results(
-    *, session: Session, tasks: list[VerifiableTask], results: list[QaResult]
-) -> None:
-    for task, result in zip(tasks, results, strict=True):
-        task.verifier_status = result.status
-        task.verifier_reason = result.reason
-    session.flush()
+def record_results(*, session: Session, results: list[QaResult]) -> None:
+    """Write each task's QA status and reason, in one bulk UPDATE by primary key."""
+    if not results:
+        return
+    rows = [
+        {
+            "id": uuid.UUID(result.task_id),
+            "verifier_status": result.status,
+            "verifier_reason": result.reason,
+        }
+        for result in results
+    ]
+    session.execute(update(VerifiableTask), rows)
