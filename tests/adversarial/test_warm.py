@@ -69,3 +69,12 @@ def test_state_does_not_leak_between_candidates_of_one_zygote() -> None:
     verdict = run_tests(reader, TESTS, entry_point="add")
 
     assert verdict.is_passed, verdict
+
+
+def test_each_job_of_a_runner_starts_in_an_empty_directory() -> None:
+    litter = "import os\nopen('left-behind', 'w').write('x')\n\ndef test_add():\n    pass\n"
+    check = "import os\n\ndef test_clean():\n    assert os.listdir('.') == []\n"
+    RUNNERS.close()
+
+    assert run_tests(SOLUTION, litter, entry_point="add").is_passed
+    assert run_tests(SOLUTION, check, entry_point="add").is_passed

@@ -9,10 +9,12 @@ descriptor only this process holds; the parent decides the verdict from them.
 
 import ast
 import builtins
+import itertools
 import json
 import os
 import resource
 import select
+import shutil
 import signal
 import socket
 import sys
@@ -165,9 +167,10 @@ def serve(control):
 
     A job arrives as an 8-byte length with the job's three pipe ends attached (SCM_RIGHTS),
     then that many bytes of JSON. This process never runs tests itself, so every job starts
-    from the same state; it kills a job that outlives its wall clock.
+    from the same state, in an empty working directory removed afterwards; it kills a job
+    that outlives its wall clock.
     """
-    while True:
+    for number in itertools.count():
         header, fds, _, _ = socket.recv_fds(control, 8, 3)
         if not header:
             return
@@ -179,9 +182,12 @@ def serve(control):
                 return
             payload += chunk
         job = json.loads(payload)
+        workdir = f"/work/job-{number}"
+        os.mkdir(workdir)
         child = os.fork()
         if child == 0:
             control.close()
+            os.chdir(workdir)
             resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"]))
             try:
                 run_job(job, *fds)
@@ -190,6 +196,7 @@ def serve(control):
         for fd in fds:
             os.close(fd)
         reap(child, time.monotonic() + job["wall_s"])
+        shutil.rmtree(workdir, ignore_errors=True)
         control.sendall(b'{"done": true}\n')
 
 
