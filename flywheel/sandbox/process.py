@@ -236,19 +236,18 @@ def spawn(
 
 @dataclass
 class Sandbox:
-    """A started sandbox: its bwrap process, and its peak memory once reaped."""
+    """A started sandbox: its bwrap process, reaped here (not by Popen) so that the orphan
+    reaper can tell our own children from adopted ones."""
 
     process: subprocess.Popen[bytes]
-    peak_rss_mb: float = 0.0
 
     def wait(self, timeout_s: float) -> bool:
         """Reap bwrap within `timeout_s`; True once it has exited."""
         deadline = time.monotonic() + timeout_s
         while self.process.returncode is None:
-            pid, status, usage = os.wait4(self.process.pid, os.WNOHANG)
+            pid, status = os.waitpid(self.process.pid, os.WNOHANG)
             if pid:
                 self.process.returncode = os.waitstatus_to_exitcode(status)
-                self.peak_rss_mb = usage.ru_maxrss / 1024  # with its waited-for descendants
                 forget_spawned(pid)
             elif time.monotonic() >= deadline:
                 return False
