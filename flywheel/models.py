@@ -4,7 +4,13 @@ from flywheel.datasets.models import DatasetMember, DatasetVersion
 from flywheel.db import Base
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
-from flywheel.signals.models import PreferencePair, SftExample, VerifiableTask
+from flywheel.signals.models import (
+    IngestRun,
+    LabeledCompletion,
+    PreferencePair,
+    SftExample,
+    VerifiableTask,
+)
 from flywheel.tenancy.models import ApiKey, Domain, Tenant
 
 __all__ = [
@@ -14,7 +20,9 @@ __all__ = [
     "DatasetVersion",
     "Domain",
     "FeedbackEvent",
+    "IngestRun",
     "Interaction",
+    "LabeledCompletion",
     "ModelVersion",
     "PreferencePair",
     "PromotionEvent",

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from importlib.metadata import entry_points
 
 import typer
 from sqlalchemy.exc import OperationalError
@@ -25,6 +26,21 @@ app.add_typer(admin.tenants, name="tenants")
 app.add_typer(admin.keys, name="keys")
 app.add_typer(admin.domains, name="domains")
 app.add_typer(sandbox.sandbox, name="sandbox")
+
+
+def _add_plugins() -> None:
+    """Commands other packages register under the `flywheel.cli` entry-point group
+    (`flywheel ingest`, `flywheel compile` from `ingest/`): a Typer app becomes a command
+    group, a function a command."""
+    for plugin in entry_points(group="flywheel.cli"):
+        command = plugin.load()
+        if isinstance(command, typer.Typer):
+            app.add_typer(command, name=plugin.name)
+        else:
+            app.command(plugin.name)(command)
+
+
+_add_plugins()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -7,15 +7,26 @@ same signal can never be stored twice however often a source is ingested.
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, Float, ForeignKey, String, Text, UniqueConstraint
+from sqlalchemy import (
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 
 from flywheel.db import Base, IdMixin, JsonType
 
 SOURCE_KINDS = ("feedback", "ticket", "repository", "task_file", "api")
 VERIFIER_STATUSES = ("pending", "usable", "unusable")
+INGEST_RUN_STATUSES = ("running", "succeeded", "failed")
 
 
 def _in(column: str, values: tuple[str, ...]) -> str:
@@ -36,11 +47,21 @@ class ProvenanceMixin(IdMixin):
     ingestor_version: Mapped[str] = mapped_column(String(64))
     redaction_report: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
+    minhash: Mapped[bytes | None] = mapped_column(
+        LargeBinary, doc="MinHash signature of the text, for the near-duplicate pass."
+    )
+
+    @declared_attr
+    def duplicate_of_id(cls) -> Mapped[uuid.UUID | None]:
+        """The canonical item this one nearly duplicates (kept and counted, not dropped)."""
+        table: str = cls.__tablename__  # type: ignore[attr-defined]  # set by each subclass
+        return mapped_column(ForeignKey(f"{table}.id", ondelete="SET NULL"))
 
     @declared_attr.directive
     def __table_args__(cls) -> tuple[Any, ...]:
         return (
             UniqueConstraint("domain_id", "content_sha256"),
+            Index(None, "domain_id", "group_key"),
             CheckConstraint(_in("source_kind", SOURCE_KINDS), name="source_kind"),
             CheckConstraint("weight >= 0", name="weight_non_negative"),
             *cls.__extra_table_args__,
@@ -69,6 +90,17 @@ class PreferencePair(ProvenanceMixin, Base):
     why: Mapped[str] = mapped_column(String(255))
 
 
+class LabeledCompletion(ProvenanceMixin, Base):
+    """An unpaired judgement (KTO-style): this completion to this prompt was good, or bad."""
+
+    __tablename__ = "labeled_completions"
+
+    messages: Mapped[list[Any]] = mapped_column(JsonType)
+    completion: Mapped[str] = mapped_column(Text)
+    is_desirable: Mapped[bool]
+    why: Mapped[str] = mapped_column(String(255))
+
+
 class VerifiableTask(ProvenanceMixin, Base):
     """A task whose answers can be checked: code against tests, or a question against an answer.
 
@@ -92,3 +124,32 @@ class VerifiableTask(ProvenanceMixin, Base):
     verifier_status: Mapped[str] = mapped_column(String(16), default="pending")
     verifier_reason: Mapped[str | None] = mapped_column(Text)
     difficulty: Mapped[float | None] = mapped_column(Float, doc="A model's pass rate, 0..1.")
+
+
+class IngestRun(IdMixin, Base):
+    """One pass of an ingestor (or the feedback compiler) over one source, with its counts.
+
+    `checkpoint` is where a crashed run resumes (records already committed, or the compiler's
+    watermark); `counts` holds read, accepted, duplicate, near_duplicate, redacted and
+    rejected (by reason).
+    """
+
+    __tablename__ = "ingest_runs"
+    __table_args__ = (
+        CheckConstraint(_in("status", INGEST_RUN_STATUSES), name="status"),
+        CheckConstraint(_in("source_kind", SOURCE_KINDS), name="source_kind"),
+        Index(None, "domain_id", "source_kind", "source_sha256"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    source_kind: Mapped[str] = mapped_column(String(32))
+    source_format: Mapped[str] = mapped_column(String(32))
+    source_ref: Mapped[str] = mapped_column(String(1024))
+    source_sha256: Mapped[str] = mapped_column(String(64), doc="What was read, fingerprinted.")
+    ingestor_version: Mapped[str] = mapped_column(String(64))
+    status: Mapped[str] = mapped_column(String(16), default="running")
+    checkpoint: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    counts: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    error: Mapped[str | None] = mapped_column(Text)
+    finished_at: Mapped[datetime | None]

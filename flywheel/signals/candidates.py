@@ -1,0 +1,99 @@
+"""Signal before it is stored: what ingestors, the feedback compiler and the API hand over.
+
+Candidates carry raw text. `flywheel.signals.store` redacts it, hashes it, skips what the
+domain already holds and writes the rest; nothing reaches a training table any other way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+Messages = list[dict[str, str]]  # [{"role": "user" | "assistant" | "system", "content": ...}]
+
+
+@dataclass(frozen=True)
+class Provenance:
+    """Where a candidate came from.
+
+    `source_ref` is the source's own id for it ("zendesk:4711", "repo@<sha>:pkg/m.py::f"),
+    `group_key` the unit that must never straddle train and eval (a ticket thread, a
+    repository, a prompt), and `names` the person names the source itself knows (requester,
+    assignee, commenters): they are redacted wherever they appear.
+    """
+
+    source_kind: str  # one of flywheel.signals.models.SOURCE_KINDS
+    source_ref: str
+    group_key: str
+    names: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SftCandidate:
+    provenance: Provenance
+    messages: Messages
+    completion: str
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class PairCandidate:
+    provenance: Provenance
+    messages: Messages
+    chosen: str
+    rejected: str
+    why: str
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class LabelCandidate:
+    """An unpaired judgement of one completion (KTO-style)."""
+
+    provenance: Provenance
+    messages: Messages
+    completion: str
+    is_desirable: bool
+    why: str
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class TaskCandidate:
+    """A verifiable task. Hidden tests and the reference never appear in `prompt`."""
+
+    provenance: Provenance
+    prompt: str
+    entry_point: str | None
+    reference_solution: str | None
+    hidden_tests: str | None
+    visible_tests: str | None = None
+    task_kind: str = "code"  # "code" | "answer"
+    answer: str | None = None
+    language: str = "python"
+    weight: float = 1.0
+
+
+@dataclass(frozen=True)
+class FeedbackItem:
+    """One judgement of an interaction, as a feedback event (see flywheel.feedback.values)."""
+
+    kind: str  # rating | correction | comparison | outcome
+    value: dict[str, Any]
+    event_id: str  # the source's own id for it: re-ingesting finds it by (tenant, event_id)
+    rater: str | None = None
+
+
+@dataclass(frozen=True)
+class InteractionCandidate:
+    """A past model/agent answer with the judgements it got (a ticket's first resolution with
+    its satisfaction rating, say): stored as an interaction with feedback events, which the
+    feedback compiler turns into signal like any other feedback."""
+
+    provenance: Provenance
+    messages: Messages
+    response: str
+    feedback: tuple[FeedbackItem, ...] = field(default=())
+
+
+Candidate = SftCandidate | PairCandidate | LabelCandidate | TaskCandidate | InteractionCandidate
