@@ -23,7 +23,7 @@ from api.schemas import (
     ModelRead,
 )
 from flywheel.feedback import service
-from flywheel.feedback.values import Message, as_json
+from flywheel.feedback.values import as_json
 from flywheel.tenancy.service import Principal, Scope
 
 router = APIRouter(prefix="/v1")
@@ -53,7 +53,7 @@ async def create_interaction(
 ) -> Response:
     new = service.NewInteraction(
         domain=body.domain,
-        messages=as_json(_messages(body.messages, body.prompt)),
+        messages=as_json(service.messages_or_prompt(body.messages, body.prompt)),
         response=body.response,
         model_name=body.model.name if body.model else None,
         model_version=body.model.version if body.model else None,
@@ -122,7 +122,7 @@ async def create_feedback(
         request,
         service.record_feedback,
         tenant_id=principal.tenant_id,
-        new=_new_feedback(body),
+        new=service.new_feedback(body),
         idempotency_key=idempotency_key,
     )
     return _created_response(request, _created(recorded), [recorded])
@@ -141,32 +141,11 @@ async def create_feedback_batch(
         request,
         service.record_feedback_batch,
         tenant_id=principal.tenant_id,
-        events=[_new_feedback(event) for event in body.events],
+        events=[service.new_feedback(event) for event in body.events],
         idempotency_key=idempotency_key,
     )
     created = FeedbackBatchCreated(results=[_created(item) for item in recorded])
     return _created_response(request, created, recorded)
-
-
-def _new_feedback(body: FeedbackCreate) -> service.NewFeedback:
-    has_context = body.messages is not None or body.prompt is not None
-    return service.NewFeedback(
-        kind=body.kind,
-        value=as_json(body.value),
-        interaction_id=body.interaction_id,
-        domain=body.domain,
-        messages=as_json(_messages(body.messages, body.prompt)) if has_context else None,
-        response=body.response,
-        rater=body.rater,
-        event_id=body.event_id,
-    )
-
-
-def _messages(messages: list[Message] | None, prompt: str | None) -> list[Message]:
-    if messages is not None:
-        return messages
-    assert prompt is not None  # the schema requires one of them
-    return [Message(role="user", content=prompt)]
 
 
 def _created(recorded: service.Recorded) -> FeedbackCreated:

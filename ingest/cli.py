@@ -1,14 +1,235 @@
-"""`flywheel ingest ...` and `flywheel compile`, plugged into the flywheel CLI by entry point."""
+"""`flywheel ingest ...` and `flywheel compile`, plugged into the flywheel CLI by entry point.
+
+Every ingest runs through `ingest.runner` (batches, counts, resume) and prints the run's
+counts; tasks then go through verifier QA unless `--no-verify`.
+"""
 
 from __future__ import annotations
 
+import os
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.cli.common import JsonOption, database_sessions, emit
+from flywheel.db import unit_of_work
+from flywheel.errors import InvalidInput, NotFound
+from flywheel.signals import verification
+from flywheel.tenancy import service as tenancy
+from ingest.feedback_file import FeedbackFileIngestor
+from ingest.framework import Ingestor
+from ingest.runner import RunResult, run_ingest
+from ingest.task_files import TASK_FORMATS, TaskFileIngestor, export_tasks
 
 ingest = typer.Typer(
-    help="Read tickets, repositories, feedback and task files into signal.", no_args_is_help=True
+    help="Read tickets, repositories, feedback and task files into training signal.",
+    no_args_is_help=True,
 )
 
+DomainOption = typer.Option(..., "--domain", help="The domain to ingest into.")
+TenantOption = typer.Option(
+    None, "--tenant", help="The domain's tenant (may be left out when there is only one)."
+)
+VerifyOption = typer.Option(True, "--verify/--no-verify", help="Run verifier QA on new tasks.")
 
-def compile_feedback() -> None:
-    """Compile raw feedback events into preference pairs, SFT examples and labels."""
-    raise typer.Exit(1)
+
+@ingest.command("tickets")
+def ingest_tickets(
+    path: Path = typer.Argument(..., help="The export file."),
+    source_format: str = typer.Option(
+        ..., "--format", help="zendesk, jira, github or csv (csv needs --mapping)."
+    ),
+    mapping: str | None = typer.Option(
+        None, "--mapping", help="CSV columns, e.g. 'id=Ticket ID,body=Description,...'."
+    ),
+    domain: str = DomainOption,
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Support tickets: resolutions become SFT examples, reopen/re-solve becomes pairs."""
+    from ingest.tickets import make_ticket_ingestor
+
+    _run(make_ticket_ingestor(source_format, path, mapping), tenant, domain, as_json)
+
+
+@ingest.command("repo")
+def ingest_repo(
+    source: str = typer.Argument(..., help="A local path or a git URL (file:// works offline)."),
+    history: int = typer.Option(0, min=0, help="Also mine the last N commits for tasks."),
+    domain: str = DomainOption,
+    tenant: str | None = TenantOption,
+    verify: bool = VerifyOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """A code repository: functions its tests exercise become verifiable tasks."""
+    from ingest.repo import RepositoryIngestor
+
+    _run(RepositoryIngestor(source, history=history), tenant, domain, as_json, verify=verify)
+
+
+@ingest.command("feedback")
+def ingest_feedback(
+    path: Path = typer.Argument(..., help="JSONL, one POST /v1/feedback body per line."),
+    domain: str = DomainOption,
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Feedback events from a file, as if the API had received them."""
+    _run(FeedbackFileIngestor(path, domain), tenant, domain, as_json)
+
+
+@ingest.command("tasks")
+def ingest_tasks(
+    path: Path = typer.Argument(..., help="A task JSONL file (.jsonl or .jsonl.gz)."),
+    source_format: str = typer.Option(
+        "flywheel", "--format", help=f"One of: {', '.join(TASK_FORMATS)}."
+    ),
+    domain: str = DomainOption,
+    tenant: str | None = TenantOption,
+    verify: bool = VerifyOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Verifiable tasks from HumanEval/MBPP-style or Flywheel task JSONL."""
+    _run(TaskFileIngestor(path, source_format), tenant, domain, as_json, verify=verify)
+
+
+@ingest.command("export-tasks")
+def ingest_export_tasks(
+    domain: str = DomainOption,
+    tenant: str | None = TenantOption,
+    out: Path | None = typer.Option(None, "--out", help="Write here instead of stdout."),
+    status: str | None = typer.Option(None, help="Only tasks QA marked so (e.g. usable)."),
+) -> None:
+    """Write a domain's tasks as Flywheel task JSONL (what `ingest tasks` reads back)."""
+    with _domain(tenant, domain) as (sessions, _, domain_id), sessions() as session:
+        if out is None:
+            written = export_tasks(
+                session=session, domain_id=domain_id, out=sys.stdout, status=status
+            )
+        else:
+            with out.open("w", encoding="utf-8") as sink:
+                written = export_tasks(
+                    session=session, domain_id=domain_id, out=sink, status=status
+                )
+    sys.stderr.write(f"{written} tasks written\n")
+
+
+def compile_feedback(
+    domain: str | None = typer.Option(None, "--domain", help="Only this domain."),
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Compile feedback events into preference pairs, SFT examples and labels."""
+    from ingest.compile import compile_feedback as compile_events
+
+    with database_sessions() as sessions:
+        with unit_of_work(sessions) as session:
+            tenant_id = _tenant_id(session, tenant)
+            domain_id = None if domain is None else _domain_id(session, tenant_id, domain)
+        report = compile_events(sessions, tenant_id=tenant_id, domain_id=domain_id)
+    data = asdict(report)
+    emit(data, as_json=as_json, text=_lines(data))
+
+
+def _run(
+    ingestor: Ingestor, tenant: str | None, domain: str, as_json: bool, *, verify: bool = False
+) -> None:
+    with _domain(tenant, domain) as (sessions, tenant_id, domain_id):
+        with _progress(f"{ingestor.source_format}: {ingestor.source_ref}", as_json) as advance:
+            result = run_ingest(
+                sessions, ingestor, tenant_id=tenant_id, domain_id=domain_id, progress=advance
+            )
+        data = _run_summary(result)
+        if verify:
+            data["verifier"] = _verify_pending(sessions, domain_id, quiet=as_json)
+    emit(data, as_json=as_json, text=_lines(data))
+
+
+def _run_summary(result: RunResult) -> dict[str, Any]:
+    return {"run_id": str(result.run_id), "resumed_from": result.resumed_from} | (
+        result.counts.as_json()
+    )
+
+
+def _verify_pending(
+    sessions: sessionmaker[Session], domain_id: uuid.UUID, *, quiet: bool
+) -> dict[str, int]:
+    """QA the domain's pending tasks (no transaction stays open while the sandbox runs)."""
+    with sessions() as session:
+        specs = [
+            verification.task_spec(task)
+            for task in verification.pending_tasks(session=session, domain_id=domain_id)
+        ]
+    with _progress("verifying tasks", quiet, total=len(specs)) as advance:
+        results = verification.check_all(
+            specs, workers=os.cpu_count() or 1, on_done=lambda _: advance(1)
+        )
+    with unit_of_work(sessions) as session:
+        verification.record_results(session=session, results=results)
+    usable = sum(result.status == "usable" for result in results)
+    return {"checked": len(results), "usable": usable, "unusable": len(results) - usable}
+
+
+@contextmanager
+def _domain(
+    tenant: str | None, domain: str
+) -> Iterator[tuple[sessionmaker[Session], uuid.UUID, uuid.UUID]]:
+    with database_sessions() as sessions:
+        with unit_of_work(sessions) as session:
+            tenant_id = _tenant_id(session, tenant)
+            domain_id = _domain_id(session, tenant_id, domain)
+        yield sessions, tenant_id, domain_id
+
+
+def _tenant_id(session: Session, tenant: str | None) -> uuid.UUID:
+    if tenant is not None:
+        return tenancy.get_tenant(session=session, name=tenant).id
+    tenants = tenancy.list_tenants(session=session)
+    if len(tenants) != 1:
+        raise InvalidInput(
+            "no tenant yet: create one with `flywheel tenants create`"
+            if not tenants
+            else f"{len(tenants)} tenants exist: say which with --tenant"
+        )
+    return tenants[0].id
+
+
+def _domain_id(session: Session, tenant_id: uuid.UUID, domain: str) -> uuid.UUID:
+    domain_id = tenancy.find_domain_id(session=session, tenant_id=tenant_id, name=domain)
+    if domain_id is None:
+        raise NotFound(
+            f"domain {domain!r} not found: "
+            f"create it with `flywheel domains create {domain} --tenant ...`"
+        )
+    return domain_id
+
+
+@contextmanager
+def _progress(label: str, quiet: bool, total: int | None = None) -> Iterator[Any]:
+    """A progress bar on stderr (records handled so far); silent with --json."""
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda count: bar.advance(task, count)
+
+
+def _lines(data: dict[str, Any], indent: str = "") -> str:
+    """A nested dict as indented `key: value` lines, for people."""
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines.append(f"{indent}{key}:" + ("" if value else " none"))
+            if value:
+                lines.append(_lines(value, indent + "  "))
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return "\n".join(lines)

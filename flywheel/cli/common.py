@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel import migrate
 from flywheel.db import make_engine, make_session_factory, unit_of_work
@@ -24,8 +24,8 @@ def settings() -> Settings:
 
 
 @contextmanager
-def database_session() -> Iterator[Session]:
-    """A unit of work on the configured database, refusing a schema that is not at head."""
+def database_sessions() -> Iterator[sessionmaker[Session]]:
+    """Sessions on the configured database, refusing a schema that is not at head."""
     current = settings()
     engine = make_engine(current)
     try:
@@ -36,10 +36,16 @@ def database_session() -> Iterator[Session]:
                 f"database schema is at {revision or 'nothing'}, expected {head}: "
                 "run `flywheel init` (or `flywheel db upgrade`)"
             )
-        with unit_of_work(make_session_factory(engine)) as session:
-            yield session
+        yield make_session_factory(engine)
     finally:
         engine.dispose()
+
+
+@contextmanager
+def database_session() -> Iterator[Session]:
+    """One unit of work on the configured database (see `database_sessions`)."""
+    with database_sessions() as sessions, unit_of_work(sessions) as session:
+        yield session
 
 
 def emit(data: Any, *, as_json: bool, text: str) -> None:

@@ -24,6 +24,7 @@ from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.db import Base, utcnow
 from flywheel.errors import Conflict, InvalidInput, NotFound
 from flywheel.feedback.models import FeedbackEvent, Interaction
+from flywheel.feedback.values import FeedbackCreate, Message, as_json
 from flywheel.tenancy.models import Domain
 
 INTERACTIONS: Table = Interaction.__table__  # type: ignore[assignment]
@@ -66,6 +67,29 @@ class Recorded:
     kind: str | None = None
     interaction_id: uuid.UUID | None = None
     is_replay: bool = False
+
+
+def new_feedback(body: FeedbackCreate) -> NewFeedback:
+    """The event a validated request (or feedback-file line) describes."""
+    has_context = body.messages is not None or body.prompt is not None
+    return NewFeedback(
+        kind=body.kind,
+        value=as_json(body.value),
+        interaction_id=body.interaction_id,
+        domain=body.domain,
+        messages=as_json(messages_or_prompt(body.messages, body.prompt)) if has_context else None,
+        response=body.response,
+        rater=body.rater,
+        event_id=body.event_id,
+    )
+
+
+def messages_or_prompt(messages: list[Message] | None, prompt: str | None) -> list[Message]:
+    """The conversation: the messages given, or a plain prompt as one user message."""
+    if messages is not None:
+        return messages
+    assert prompt is not None  # the schemas require one of them
+    return [Message(role="user", content=prompt)]
 
 
 def request_fingerprint(item: NewInteraction | NewFeedback) -> str:
@@ -195,6 +219,29 @@ def record_feedback_batch(
     ]
     return _record_resolved(
         session=session, tenant_id=tenant_id, events=events, targets=resolved, idempotency_keys=keys
+    )
+
+
+def record_feedback_events(
+    *,
+    session: Session,
+    tenant_id: uuid.UUID,
+    events: Sequence[NewFeedback],
+    idempotency_keys: Sequence[str],
+    refs: Sequence[str],
+) -> list[Recorded]:
+    """Record events read from a file or an export, each under its own idempotency key (so
+    reading the file again replays them). An unknown target fails the batch, naming its ref."""
+    resolved = _resolve_targets(session, tenant_id, events)
+    if resolved.errors:
+        first = resolved.errors[0]
+        raise InvalidInput(f"{refs[first['index']]}: {first['message']}")
+    return _record_resolved(
+        session=session,
+        tenant_id=tenant_id,
+        events=events,
+        targets=resolved,
+        idempotency_keys=idempotency_keys,
     )
 
 

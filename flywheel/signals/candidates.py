@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from flywheel.feedback.service import NewFeedback
+
 Messages = list[dict[str, str]]  # [{"role": "user" | "assistant" | "system", "content": ...}]
 
 
@@ -96,4 +98,21 @@ class InteractionCandidate:
     feedback: tuple[FeedbackItem, ...] = field(default=())
 
 
-Candidate = SftCandidate | PairCandidate | LabelCandidate | TaskCandidate | InteractionCandidate
+@dataclass(frozen=True)
+class EventCandidate:
+    """A raw feedback event read from a file: stored as if the API had received it, under its
+    own idempotency key. `provenance.source_ref` names it in errors ("feedback.jsonl line 7")."""
+
+    provenance: Provenance
+    event: NewFeedback
+    idempotency_key: str
+
+
+Candidate = (
+    SftCandidate
+    | PairCandidate
+    | LabelCandidate
+    | TaskCandidate
+    | InteractionCandidate
+    | EventCandidate
+)

@@ -4,8 +4,37 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
+import uuid
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 import orjson
+from sqlalchemy import Table
+from sqlalchemy.orm import Session
+
+from flywheel.bulk import insert_ignoring_conflicts
+from flywheel.db import utcnow
+from flywheel.feedback.models import FeedbackEvent, Interaction
+from flywheel.feedback.service import record_feedback_events
+from flywheel.redaction import redact
+from flywheel.signals.candidates import (
+    Candidate,
+    EventCandidate,
+    FeedbackItem,
+    InteractionCandidate,
+    LabelCandidate,
+    Messages,
+    PairCandidate,
+    SftCandidate,
+    TaskCandidate,
+)
+from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
+
+INTERACTIONS: Table = Interaction.__table__  # type: ignore[assignment]
+FEEDBACK_EVENTS: Table = FeedbackEvent.__table__  # type: ignore[assignment]
 
 
 def normalise_text(text: str) -> str:
@@ -31,3 +60,237 @@ def _normalise_json(value: object) -> object:
     if isinstance(value, dict):
         return {key: _normalise_json(item) for key, item in sorted(value.items())}
     return value
+
+
+@dataclass
+class StoreCounts:
+    """What became of a batch: rows accepted per table, exact duplicates, redacted items."""
+
+    accepted: Counter[str] = field(default_factory=Counter)
+    duplicate: int = 0
+    redacted: int = 0
+
+    def add(self, other: StoreCounts) -> None:
+        self.accepted.update(other.accepted)
+        self.duplicate += other.duplicate
+        self.redacted += other.redacted
+
+
+def store_candidates(
+    *,
+    session: Session,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    candidates: Sequence[Candidate],
+    ingestor_version: str,
+) -> StoreCounts:
+    """Redact, hash and insert `candidates`; rows whose content the domain holds are skipped.
+
+    Exact duplicates are refused by the (domain, content hash) unique constraint, so two
+    concurrent ingests of the same source cannot store anything twice. Interactions keep
+    their feedback: stored as an interaction plus feedback events with the source's ids.
+    """
+    counts = StoreCounts()
+    rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for candidate in candidates:
+        if isinstance(candidate, InteractionCandidate | EventCandidate):
+            continue
+        table, row = _signal_row(candidate)
+        row.update(tenant_id=tenant_id, domain_id=domain_id, ingestor_version=ingestor_version)
+        counts.redacted += bool(row["redaction_report"])
+        rows[table].append(row)
+    for table, table_rows in rows.items():
+        inserted = insert_ignoring_conflicts(session, SIGNAL_TABLES[table], table_rows)
+        counts.accepted[table] += len(inserted)
+        counts.duplicate += len(table_rows) - len(inserted)
+    interactions = [item for item in candidates if isinstance(item, InteractionCandidate)]
+    counts.add(_store_interactions(session, tenant_id, domain_id, interactions))
+    counts.add(_store_events(session, tenant_id, candidates))
+    return counts
+
+
+def _store_events(
+    session: Session, tenant_id: uuid.UUID, candidates: Sequence[Candidate]
+) -> StoreCounts:
+    counts = StoreCounts()
+    events = [item for item in candidates if isinstance(item, EventCandidate)]
+    if events:
+        recorded = record_feedback_events(
+            session=session,
+            tenant_id=tenant_id,
+            events=[item.event for item in events],
+            idempotency_keys=[item.idempotency_key for item in events],
+            refs=[item.provenance.source_ref for item in events],
+        )
+        replays = sum(item.is_replay for item in recorded)
+        counts.accepted["feedback_events"] += len(recorded) - replays
+        counts.duplicate += replays
+    return counts
+
+
+SIGNAL_TABLES: dict[str, Table] = {
+    model.__tablename__: model.__table__  # type: ignore[misc]
+    for model in (SftExample, PreferencePair, LabeledCompletion, VerifiableTask)
+}
+
+
+class _Redactor:
+    """Redacts one candidate's texts with its source's known names, summing the counts."""
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self.names = names
+        self.report: Counter[str] = Counter()
+
+    def text(self, value: str) -> str:
+        redaction = redact(value, names=self.names)
+        self.report.update(redaction.counts)
+        return redaction.text
+
+    def optional(self, value: str | None) -> str | None:
+        return None if value is None else self.text(value)
+
+    def messages(self, messages: Messages) -> Messages:
+        return [{**message, "content": self.text(message["content"])} for message in messages]
+
+
+def _signal_row(candidate: Candidate) -> tuple[str, dict[str, Any]]:
+    redactor = _Redactor(candidate.provenance.names)
+    table, fields = _redacted_fields(candidate, redactor)
+    provenance = candidate.provenance
+    row = {
+        "id": uuid.uuid4(),
+        "created_at": utcnow(),
+        **fields,
+        "source_kind": provenance.source_kind,
+        "source_ref": provenance.source_ref[:1024],
+        "group_key": provenance.group_key[:255],
+        "weight": candidate.weight,  # type: ignore[union-attr]
+        "redaction_report": dict(redactor.report),
+        "minhash": None,
+        "duplicate_of_id": None,
+    }
+    return table, row
+
+
+def _redacted_fields(candidate: Candidate, redactor: _Redactor) -> tuple[str, dict[str, Any]]:
+    match candidate:
+        case SftCandidate():
+            messages = redactor.messages(candidate.messages)
+            completion = redactor.text(candidate.completion)
+            fields = {"messages": messages, "completion": completion}
+            return "sft_examples", fields | _hash("sft", messages, completion)
+        case PairCandidate():
+            messages = redactor.messages(candidate.messages)
+            chosen, rejected = redactor.text(candidate.chosen), redactor.text(candidate.rejected)
+            fields = {"messages": messages, "chosen": chosen, "rejected": rejected}
+            return "preference_pairs", fields | {"why": candidate.why[:255]} | _hash(
+                "pair", messages, chosen, rejected
+            )
+        case LabelCandidate():
+            messages = redactor.messages(candidate.messages)
+            completion = redactor.text(candidate.completion)
+            fields = {"messages": messages, "completion": completion}
+            return "labeled_completions", fields | {
+                "is_desirable": candidate.is_desirable,
+                "why": candidate.why[:255],
+            } | _hash("label", messages, completion, candidate.is_desirable)
+        case TaskCandidate():
+            return "verifiable_tasks", _task_fields(candidate, redactor)
+    raise TypeError(f"not a signal candidate: {type(candidate).__name__}")
+
+
+def _task_fields(candidate: TaskCandidate, redactor: _Redactor) -> dict[str, Any]:
+    fields = {
+        "task_kind": candidate.task_kind,
+        "language": candidate.language,
+        "prompt": redactor.text(candidate.prompt),
+        "entry_point": candidate.entry_point,
+        "visible_tests": redactor.optional(candidate.visible_tests),
+        "hidden_tests": redactor.optional(candidate.hidden_tests),
+        "reference_solution": redactor.optional(candidate.reference_solution),
+        "answer": redactor.optional(candidate.answer),
+        "verifier_status": "pending",
+        "verifier_reason": None,
+        "difficulty": None,
+    }
+    return fields | _hash(
+        "task", fields["prompt"], fields["hidden_tests"] or "", fields["answer"] or ""
+    )
+
+
+def _hash(kind: str, *parts: object) -> dict[str, str]:
+    return {"content_sha256": content_sha256(kind, *parts)}
+
+
+INGESTED_NAMESPACE = uuid.UUID("6f1c2b1e-3c1a-4e8a-9a57-2f5f0d1f7e01")
+
+
+def _store_interactions(
+    session: Session,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    interactions: Sequence[InteractionCandidate],
+) -> StoreCounts:
+    """Interactions get an id derived from (tenant, source ref) and events keep the source's
+    ids, so a second ingest of the same export finds both and adds nothing."""
+    counts = StoreCounts()
+    if not interactions:
+        return counts
+    now = utcnow()
+    interaction_rows, event_rows = [], []
+    for item in interactions:
+        redactor = _Redactor(item.provenance.names)
+        interaction_id = uuid.uuid5(INGESTED_NAMESPACE, f"{tenant_id}:{item.provenance.source_ref}")
+        interaction_rows.append(
+            {
+                "id": interaction_id,
+                "created_at": now,
+                "tenant_id": tenant_id,
+                "domain_id": domain_id,
+                "messages": redactor.messages(item.messages),
+                "response": redactor.text(item.response),
+                "model_name": None,
+                "model_version": None,
+                "adapter": None,
+                "session_id": None,
+                "metadata": {"source_ref": item.provenance.source_ref},
+                "idempotency_key": f"ingest:{item.provenance.source_ref}"[:255],
+                "request_sha256": "",
+            }
+        )
+        counts.redacted += bool(redactor.report)
+        event_rows += [
+            _event_row(tenant_id, domain_id, interaction_id, feedback, now)
+            for feedback in item.feedback
+        ]
+    inserted = insert_ignoring_conflicts(session, INTERACTIONS, interaction_rows)
+    counts.accepted["interactions"] += len(inserted)
+    counts.duplicate += len(interaction_rows) - len(inserted)
+    inserted = insert_ignoring_conflicts(session, FEEDBACK_EVENTS, event_rows)
+    counts.accepted["feedback_events"] += len(inserted)
+    counts.duplicate += len(event_rows) - len(inserted)
+    return counts
+
+
+def _event_row(
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    interaction_id: uuid.UUID,
+    feedback: FeedbackItem,
+    now: datetime,
+) -> dict[str, Any]:
+    return {
+        "id": uuid.uuid4(),
+        "created_at": now,
+        "tenant_id": tenant_id,
+        "domain_id": domain_id,
+        "interaction_id": interaction_id,
+        "kind": feedback.kind,
+        "value": feedback.value,
+        "messages": None,
+        "response": None,
+        "rater": feedback.rater,
+        "event_id": feedback.event_id[:255],
+        "idempotency_key": None,
+        "request_sha256": "",
+    }

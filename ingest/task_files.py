@@ -1,0 +1,186 @@
+"""Task files: HumanEval- and MBPP-style JSONL in, Flywheel's own task JSONL in and out.
+
+Flywheel's format, one task per line (what `export_tasks` writes and `flywheel` reads):
+
+    {"task_id": "...", "kind": "code" | "answer", "prompt": "...", "entry_point": "f",
+     "reference_solution": "...", "hidden_tests": "...", "visible_tests": null,
+     "answer": null, "language": "python", "group": "...", "verifier_status": "usable"}
+
+`prompt` is all a model sees; the hidden tests and the reference never appear in it.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from flywheel.errors import InvalidInput
+from flywheel.signals.candidates import Candidate, Provenance, TaskCandidate
+from flywheel.signals.models import VerifiableTask
+from ingest.framework import SourceRecord
+from ingest.jsonl import file_sha256, read_objects
+
+TASK_FORMATS = ("flywheel", "humaneval", "mbpp")
+
+
+class TaskFileIngestor:
+    source_kind = "task_file"
+    version = "task-jsonl/1"
+
+    def __init__(self, path: Path, source_format: str = "flywheel") -> None:
+        if source_format not in TASK_FORMATS:
+            raise InvalidInput(
+                f"unknown task format {source_format!r}; known: {', '.join(TASK_FORMATS)}"
+            )
+        self.path = path
+        self.source_format = source_format
+        self._convert: Callable[[dict[str, Any], str], TaskCandidate] = CONVERTERS[source_format]
+
+    @property
+    def source_ref(self) -> str:
+        return str(self.path)
+
+    def fingerprint(self) -> str:
+        return file_sha256(self.path)
+
+    def records(self) -> Iterator[SourceRecord]:
+        for position, (line, data) in enumerate(read_objects(self.path)):
+            yield SourceRecord(position, f"{self.path.name} line {line}", data)
+
+    def convert(self, record: SourceRecord) -> list[Candidate]:
+        try:
+            return [self._convert(record.payload, self.path.stem)]
+        except KeyError as error:
+            raise InvalidInput(
+                f"{record.ref}: missing {error.args[0]!r} for --format {self.source_format}"
+            ) from error
+        except (TypeError, ValueError) as error:
+            raise InvalidInput(f"{record.ref}: {error}") from error
+
+
+def _text(data: dict[str, Any], key: str) -> str:
+    value = data[key]
+    if not isinstance(value, str):
+        raise TypeError(f"{key!r} must be a string, not {type(value).__name__}")
+    return value
+
+
+def _optional_text(data: dict[str, Any], key: str) -> str | None:
+    return _text(data, key) if data.get(key) is not None else None
+
+
+def _provenance(task_id: str, group: str) -> Provenance:
+    return Provenance("task_file", source_ref=task_id, group_key=group)
+
+
+def from_humaneval(data: dict[str, Any], file_stem: str) -> TaskCandidate:
+    """HumanEval: the prompt is the stub; the reference is prompt + canonical_solution."""
+    task_id = str(data["task_id"])
+    prompt = _text(data, "prompt")
+    return TaskCandidate(
+        provenance=_provenance(task_id, f"{file_stem}:{task_id}"),
+        prompt=prompt,
+        entry_point=_text(data, "entry_point"),
+        reference_solution=prompt + _text(data, "canonical_solution"),
+        hidden_tests=_text(data, "test"),
+    )
+
+
+def from_mbpp(data: dict[str, Any], file_stem: str) -> TaskCandidate:
+    """MBPP: a description and asserts. The first assert is shown (as MBPP prompts do),
+    all of them run, wrapped in one test function; the entry point is the code's first
+    function."""
+    task_id = str(data["task_id"])
+    code, asserts = _text(data, "code"), data["test_list"]
+    if not isinstance(asserts, list) or not asserts:
+        raise ValueError("'test_list' must be a non-empty list of asserts")
+    setup = data.get("test_setup_code") or ""
+    tests = setup + "\n\ndef test_mbpp():\n" + "".join(f"    {line}\n" for line in asserts)
+    return TaskCandidate(
+        provenance=_provenance(task_id, f"{file_stem}:{task_id}"),
+        prompt=f"{_text(data, 'text')}\nYour code should pass this test:\n{asserts[0]}\n",
+        entry_point=_first_function(code),
+        reference_solution=code,
+        hidden_tests=tests,
+        visible_tests=None,
+    )
+
+
+def _first_function(code: str) -> str:
+    try:
+        tree = ast.parse(code)
+    except SyntaxError as error:
+        raise ValueError(f"'code' does not parse: {error.msg} (line {error.lineno})") from error
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            return node.name
+    raise ValueError("'code' defines no function to call")
+
+
+def from_flywheel(data: dict[str, Any], file_stem: str) -> TaskCandidate:
+    kind = data.get("kind", "code")
+    if kind not in ("code", "answer"):
+        raise ValueError(f"'kind' must be 'code' or 'answer', not {kind!r}")
+    task_id = str(data.get("task_id") or uuid.uuid4())
+    if kind == "answer" and data.get("answer") is None:
+        raise KeyError("answer")
+    return TaskCandidate(
+        provenance=_provenance(task_id, str(data.get("group") or f"{file_stem}:{task_id}")),
+        prompt=_text(data, "prompt"),
+        entry_point=_optional_text(data, "entry_point")
+        if kind == "answer"
+        else _text(data, "entry_point"),
+        reference_solution=_optional_text(data, "reference_solution"),
+        hidden_tests=_text(data, "hidden_tests") if kind == "code" else None,
+        visible_tests=_optional_text(data, "visible_tests"),
+        task_kind=kind,
+        answer=_optional_text(data, "answer"),
+        language=str(data.get("language", "python")),
+    )
+
+
+CONVERTERS: dict[str, Callable[[dict[str, Any], str], TaskCandidate]] = {
+    "flywheel": from_flywheel,
+    "humaneval": from_humaneval,
+    "mbpp": from_mbpp,
+}
+
+
+def export_tasks(
+    *, session: Session, domain_id: uuid.UUID, out: IO[str], status: str | None = None
+) -> int:
+    """Write the domain's tasks (only those with `status`, if given) in Flywheel's format;
+    the number written. Streams: memory does not grow with the number of tasks."""
+    query = select(VerifiableTask).where(VerifiableTask.domain_id == domain_id)
+    if status is not None:
+        query = query.where(VerifiableTask.verifier_status == status)
+    written = 0
+    for task in session.scalars(
+        query.order_by(VerifiableTask.created_at).execution_options(yield_per=500)
+    ):
+        out.write(json.dumps(task_record(task), ensure_ascii=False) + "\n")
+        written += 1
+    return written
+
+
+def task_record(task: VerifiableTask) -> dict[str, Any]:
+    return {
+        "task_id": task.source_ref or str(task.id),
+        "kind": task.task_kind,
+        "prompt": task.prompt,
+        "entry_point": task.entry_point,
+        "reference_solution": task.reference_solution,
+        "hidden_tests": task.hidden_tests,
+        "visible_tests": task.visible_tests,
+        "answer": task.answer,
+        "language": task.language,
+        "group": task.group_key,
+        "verifier_status": task.verifier_status,
+    }
