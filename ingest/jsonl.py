@@ -29,6 +29,8 @@ def open_source(path: Path) -> IO[bytes]:
 
 def file_sha256(path: Path) -> str:
     """sha256 of the file as stored (compressed or not), read in chunks."""
+    if not path.is_file():
+        raise InvalidInput(f"{path}: no such file")
     digest = hashlib.sha256()
     try:
         with path.open("rb") as source:

@@ -44,7 +44,7 @@ class RunCounts:
     def as_json(self) -> dict[str, Any]:
         return {
             "read": self.read,
-            "accepted": dict(self.accepted),
+            "accepted": dict(+self.accepted),
             "duplicate": self.duplicate,
             "near_duplicate": self.near_duplicate,
             "redacted": self.redacted,

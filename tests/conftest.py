@@ -191,6 +191,24 @@ def count_rows(sessions: sessionmaker[Session], table: str) -> int:
         return int(session.execute(text(f"SELECT count(*) FROM {table}")).scalar_one())
 
 
+def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
+    """`flywheel ARGS` through its real entry point: exit code, stdout, stderr."""
+    from flywheel.cli import main
+
+    code = main(list(args))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.fixture
+def on_test_database(
+    database_url: str, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
+) -> sessionmaker[Session]:
+    """The CLI's configured database is the test database."""
+    monkeypatch.setenv("FLYWHEEL_DATABASE_URL", database_url)
+    return sessions
+
+
 @pytest.fixture
 def workspace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """An empty current directory with no FLYWHEEL_* settings: the quickstart's situation."""

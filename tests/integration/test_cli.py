@@ -10,35 +10,20 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.cli import main
 from flywheel.models import ApiKey, Domain, Tenant
-from tests.conftest import count_rows
-
-
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
-@pytest.fixture
-def on_test_database(
-    database_url: str, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
-) -> sessionmaker[Session]:
-    monkeypatch.setenv("FLYWHEEL_DATABASE_URL", database_url)
-    return sessions
+from tests.conftest import count_rows, run_cli
 
 
 def test_tenant_domain_and_key_lifecycle(
     on_test_database: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, out, _ = run(capsys, "tenants", "create", "acme", "--json")
+    code, out, _ = run_cli(capsys, "tenants", "create", "acme", "--json")
     assert code == 0
     tenant = json.loads(out)
     assert tenant["name"] == "acme"
 
-    assert run(capsys, "domains", "create", "billing", "--tenant", "acme")[0] == 0
-    code, out, _ = run(
+    assert run_cli(capsys, "domains", "create", "billing", "--tenant", "acme")[0] == 0
+    code, out, _ = run_cli(
         capsys, "keys", "create", "-t", "acme", "-s", "feedback:write,data:read", "--json"
     )
     assert code == 0
@@ -46,12 +31,12 @@ def test_tenant_domain_and_key_lifecycle(
     assert issued["key"].startswith("fwk_")
     assert issued["scopes"] == ["feedback:write", "data:read"]
 
-    code, out, _ = run(capsys, "keys", "list", "-t", "acme", "--json")
+    code, out, _ = run_cli(capsys, "keys", "list", "-t", "acme", "--json")
     listed = json.loads(out)
     assert [item["id"] for item in listed] == [issued["id"]]
     assert issued["key"] not in out  # shown once, never again
 
-    assert run(capsys, "keys", "revoke", issued["id"])[0] == 0
+    assert run_cli(capsys, "keys", "revoke", issued["id"])[0] == 0
     with on_test_database() as session:
         key = session.scalars(select(ApiKey)).one()
         assert key.revoked_at is not None
@@ -78,10 +63,10 @@ def test_bad_input_exits_non_zero_with_one_line(
     args: tuple[str, ...],
     fragment: str,
 ) -> None:
-    assert run(capsys, "tenants", "create", "acme")[0] == 0
+    assert run_cli(capsys, "tenants", "create", "acme")[0] == 0
     tenants_before = count_rows(on_test_database, "tenants")
 
-    code, out, err = run(capsys, *args)
+    code, out, err = run_cli(capsys, *args)
 
     assert code != 0
     assert out == ""
@@ -108,7 +93,7 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         ["sandbox", "run"],
         ["verify"],
     ):
-        code, out, _ = run(capsys, *command, "--help")
+        code, out, _ = run_cli(capsys, *command, "--help")
         assert code == 0, command
         assert "Usage" in out
 
@@ -116,7 +101,7 @@ def test_every_command_has_help(capsys: pytest.CaptureFixture[str]) -> None:
 def test_unmigrated_database_is_refused_with_a_hint(
     workspace: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code, _, err = run(capsys, "tenants", "list")
+    code, _, err = run_cli(capsys, "tenants", "list")
 
     assert code == 1
     assert "run `flywheel init`" in err
@@ -129,7 +114,7 @@ def test_unreachable_database_is_one_line(
         "FLYWHEEL_DATABASE_URL", "postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1"
     )
 
-    code, _, err = run(capsys, "tenants", "list")
+    code, _, err = run_cli(capsys, "tenants", "list")
 
     assert code == 1
     assert err.startswith("error: database unreachable")
@@ -137,13 +122,13 @@ def test_unreachable_database_is_one_line(
 
 
 def test_init_on_the_embedded_default(workspace: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "init", "--json")
+    code, out, _ = run_cli(capsys, "init", "--json")
 
     assert code == 0
     assert json.loads(out)["revision"]
     assert (workspace / ".flywheel" / "flywheel.db").is_file()
-    assert run(capsys, "init")[0] == 0  # idempotent
-    assert run(capsys, "tenants", "create", "acme")[0] == 0
-    code, out, _ = run(capsys, "db", "current", "--json")
+    assert run_cli(capsys, "init")[0] == 0  # idempotent
+    assert run_cli(capsys, "tenants", "create", "acme")[0] == 0
+    code, out, _ = run_cli(capsys, "db", "current", "--json")
     current = json.loads(out)
     assert current["revision"] == current["head"]

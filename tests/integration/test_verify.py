@@ -11,10 +11,9 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.cli import main
 from flywheel.db import unit_of_work
 from flywheel.models import Domain, VerifiableTask
-from tests.conftest import Caller
+from tests.conftest import Caller, run_cli
 
 PROMPT = 'def double(x):\n    """Return twice x."""\n'
 GOOD = {
@@ -29,12 +28,6 @@ BROKEN = {**GOOD, "task_id": "t/broken", "canonical_solution": "    return x\n"}
 NO_TESTS = {**GOOD, "task_id": "t/none", "test": "x = 1\n"}
 
 
-def run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
-    code = main(list(args))
-    captured = capsys.readouterr()
-    return code, captured.out, captured.err
-
-
 def write_tasks(path: Path, tasks: list[dict[str, str]]) -> Path:
     path.write_text("".join(json.dumps(task) + "\n" for task in tasks), encoding="utf-8")
     return path
@@ -45,7 +38,7 @@ def test_file_mode_sorts_tasks_by_their_verifiers(
 ) -> None:
     path = write_tasks(tmp_path / "tasks.jsonl", [GOOD, WEAK, BROKEN, NO_TESTS])
 
-    code, out, _ = run(capsys, "verify", "--file", str(path), "--json")
+    code, out, _ = run_cli(capsys, "verify", "--file", str(path), "--json")
 
     assert code == 0
     report = json.loads(out)
@@ -68,7 +61,7 @@ def test_humaneval_canonical_solutions_are_usable(
     sample += [task for task in tasks if task["task_id"] in {"HumanEval/32", "HumanEval/38"}]
     path = write_tasks(tmp_path / "humaneval.jsonl", sample)
 
-    code, out, _ = run(capsys, "verify", "--file", str(path), "--json")
+    code, out, _ = run_cli(capsys, "verify", "--file", str(path), "--json")
 
     report = json.loads(out)
     assert code == 0
@@ -86,7 +79,7 @@ def test_humaneval_canonical_solutions_are_usable(
 def test_bad_input_is_one_line(
     capsys: pytest.CaptureFixture[str], args: tuple[str, ...], fragment: str
 ) -> None:
-    code, out, err = run(capsys, "verify", *args)
+    code, out, err = run_cli(capsys, "verify", *args)
 
     assert code == 1
     assert out == ""
@@ -100,7 +93,7 @@ def test_malformed_task_file_names_the_line(
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps(GOOD) + "\n{not json\n", encoding="utf-8")
 
-    code, _, err = run(capsys, "verify", "--file", str(path))
+    code, _, err = run_cli(capsys, "verify", "--file", str(path))
 
     assert code == 1
     assert "line 2" in err
@@ -133,7 +126,7 @@ def test_domain_mode_records_status_and_reason(
                 )
             )
 
-    code, out, _ = run(capsys, "verify", "--domain", "billing", "--tenant", "acme", "--json")
+    code, out, _ = run_cli(capsys, "verify", "--domain", "billing", "--tenant", "acme", "--json")
 
     assert code == 0
     assert (json.loads(out)["usable"], json.loads(out)["unusable"]) == (1, 1)
@@ -142,5 +135,5 @@ def test_domain_mode_records_status_and_reason(
     assert stored["t/good"].verifier_status == "usable"
     assert stored["t/weak"].verifier_status == "unusable"
     assert "trivial solution" in (stored["t/weak"].verifier_reason or "")
-    code, out, _ = run(capsys, "verify", "--domain", "billing", "--tenant", "acme", "--json")
+    code, out, _ = run_cli(capsys, "verify", "--domain", "billing", "--tenant", "acme", "--json")
     assert json.loads(out)["usable"] + json.loads(out)["unusable"] == 0  # nothing pending
