@@ -112,3 +112,69 @@ class InteractionRead(BaseModel):
 
 class Health(BaseModel):
     status: Literal["ok"]
+
+
+class PreferencePairRead(BaseModel):
+    id: uuid.UUID
+    messages: list[dict[str, Any]]
+    chosen: str
+    rejected: str
+    why: str
+    weight: float
+    source_kind: str
+    source_ref: str | None
+    group_key: str
+    duplicate_of_id: uuid.UUID | None = Field(description="Set when a near-duplicate.")
+    created_at: datetime
+
+
+class PreferencePairPage(BaseModel):
+    items: list[PreferencePairRead]
+    next_after: uuid.UUID | None = Field(description="Pass as `after` for the next page.")
+
+
+class TaskCreate(StrictModel):
+    """A verifiable task: code with hidden tests, or a question with a checkable answer."""
+
+    domain: Name
+    kind: Literal["code", "answer"] = "code"
+    task_id: Name | None = Field(default=None, description="Your id for it (provenance).")
+    prompt: Text
+    entry_point: Name | None = None
+    reference_solution: Text | None = None
+    hidden_tests: Text | None = Field(default=None, description="Never shown to a model.")
+    visible_tests: Text | None = None
+    answer: Text | None = None
+    language: Literal["python"] = "python"
+    group: Name | None = Field(default=None, description="Tasks of a group share a split.")
+
+    @model_validator(mode="after")
+    def _checkable(self) -> Self:
+        if self.kind == "code" and (self.entry_point is None or self.hidden_tests is None):
+            raise ValueError("a code task needs 'entry_point' and 'hidden_tests'")
+        if self.kind == "answer" and self.answer is None:
+            raise ValueError("an answer task needs 'answer'")
+        return self
+
+
+class TaskRead(BaseModel):
+    """A task as a model may see it: hidden tests, reference and answer are never returned."""
+
+    id: uuid.UUID
+    kind: str
+    prompt: str
+    entry_point: str | None
+    visible_tests: str | None
+    language: str
+    verifier_status: str
+    verifier_reason: str | None
+    difficulty: float | None
+    source_kind: str
+    source_ref: str | None
+    group_key: str
+    created_at: datetime
+
+
+class TaskPage(BaseModel):
+    items: list[TaskRead]
+    next_after: uuid.UUID | None = Field(description="Pass as `after` for the next page.")

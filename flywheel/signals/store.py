@@ -12,11 +12,12 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Table
+from sqlalchemy import Table, select
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.db import utcnow
+from flywheel.errors import Conflict
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.feedback.service import record_feedback_events
 from flywheel.redaction import redact
@@ -126,6 +127,31 @@ def _store_events(
         counts.accepted["feedback_events"] += len(recorded) - replays
         counts.duplicate += replays
     return counts
+
+
+def store_one(
+    *,
+    session: Session,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    candidate: SftCandidate | PairCandidate | LabelCandidate | TaskCandidate,
+    ingestor_version: str,
+) -> tuple[uuid.UUID, bool]:
+    """Store one candidate like `store_candidates`; its row id, and whether it is new (an
+    existing row with the same content is found by its hash)."""
+    table_name, row = _signal_row(candidate)
+    row.update(tenant_id=tenant_id, domain_id=domain_id, ingestor_version=ingestor_version)
+    table = SIGNAL_TABLES[table_name]
+    if insert_ignoring_conflicts(session, table, [row]):
+        return row["id"], True
+    existing = session.scalar(
+        select(table.c.id).where(
+            table.c.domain_id == domain_id, table.c.content_sha256 == row["content_sha256"]
+        )
+    )
+    if existing is None:  # deleted in between: never guess
+        raise Conflict("the same content was stored and removed meanwhile; try again")
+    return existing, False
 
 
 SIGNAL_TABLES: dict[str, Table] = {

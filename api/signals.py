@@ -1,0 +1,120 @@
+"""Training signal over the API: list preference pairs and tasks, add tasks."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query, Request, Response
+
+from api.auth import require
+from api.database import in_transaction
+from api.feedback import ERRORS
+from api.schemas import (
+    PreferencePairPage,
+    PreferencePairRead,
+    TaskCreate,
+    TaskPage,
+    TaskRead,
+)
+from flywheel.signals import service
+from flywheel.signals.candidates import Provenance, TaskCandidate
+from flywheel.signals.models import VerifiableTask
+from flywheel.tenancy.service import Principal, Scope
+
+router = APIRouter(prefix="/v1")
+
+Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
+Writer = Annotated[Principal, Depends(require(Scope.FEEDBACK_WRITE))]
+DomainQuery = Annotated[str, Query(min_length=1, max_length=255)]
+After = Annotated[uuid.UUID | None, Query(description="The `next_after` of the last page.")]
+Limit = Annotated[int, Query(ge=1, le=500)]
+
+
+@router.get("/preference-pairs", responses=ERRORS)
+async def list_preference_pairs(
+    request: Request,
+    principal: Reader,
+    domain: DomainQuery,
+    after: After = None,
+    limit: Limit = 100,
+) -> PreferencePairPage:
+    page = await in_transaction(
+        request,
+        service.list_preference_pairs,
+        tenant_id=principal.tenant_id,
+        domain=domain,
+        after=after,
+        limit=limit,
+    )
+    items = [PreferencePairRead.model_validate(pair, from_attributes=True) for pair in page.items]
+    return PreferencePairPage(items=items, next_after=page.next_after)
+
+
+@router.get("/tasks", responses=ERRORS)
+async def list_tasks(
+    request: Request,
+    principal: Reader,
+    domain: DomainQuery,
+    status: Literal["pending", "usable", "unusable"] | None = None,
+    after: After = None,
+    limit: Limit = 100,
+) -> TaskPage:
+    page = await in_transaction(
+        request,
+        service.list_tasks,
+        tenant_id=principal.tenant_id,
+        domain=domain,
+        status=status,
+        after=after,
+        limit=limit,
+    )
+    return TaskPage(items=[_task_read(task) for task in page.items], next_after=page.next_after)
+
+
+@router.post(
+    "/tasks",
+    status_code=201,
+    response_model=TaskRead,
+    responses={**ERRORS, 200: {"model": TaskRead, "description": "Already stored."}},
+)
+async def create_task(body: TaskCreate, request: Request, principal: Writer) -> Response:
+    """Store a task, pending verifier QA; the same content again returns the stored one (200)."""
+    task_id = body.task_id or str(uuid.uuid4())
+    candidate = TaskCandidate(
+        provenance=Provenance("api", source_ref=task_id, group_key=body.group or task_id),
+        prompt=body.prompt,
+        entry_point=body.entry_point,
+        reference_solution=body.reference_solution,
+        hidden_tests=body.hidden_tests,
+        visible_tests=body.visible_tests,
+        task_kind=body.kind,
+        answer=body.answer,
+        language=body.language,
+    )
+    task, is_new = await in_transaction(
+        request, service.add_task, tenant_id=principal.tenant_id, domain=body.domain, task=candidate
+    )
+    return Response(
+        _task_read(task).model_dump_json(),
+        status_code=201 if is_new else 200,
+        media_type="application/json",
+    )
+
+
+def _task_read(task: VerifiableTask) -> TaskRead:
+    return TaskRead(
+        id=task.id,
+        kind=task.task_kind,
+        prompt=task.prompt,
+        entry_point=task.entry_point,
+        visible_tests=task.visible_tests,
+        language=task.language,
+        verifier_status=task.verifier_status,
+        verifier_reason=task.verifier_reason,
+        difficulty=task.difficulty,
+        source_kind=task.source_kind,
+        source_ref=task.source_ref,
+        group_key=task.group_key,
+        created_at=task.created_at,
+    )
