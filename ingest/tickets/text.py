@@ -23,14 +23,19 @@ from __future__ import annotations
 import re
 from html.parser import HTMLParser
 
-_BLOCK_TAGS = frozenset(
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+_BLOCK_TAGS = _words(
     "address article aside dd div dl dt fieldset figcaption figure footer form h1 h2 h3 h4 h5 "
-    "h6 header hr li main nav ol p pre section table tbody thead tfoot tr ul".split()
+    "h6 header hr li main nav ol p pre section table tbody thead tfoot tr ul"
 )
+# blocks followed by a blank line
+_PARAGRAPH_TAGS = _words("h1 h2 h3 h4 h5 h6 ol p pre table ul")
 _SKIPPED_TAGS = frozenset({"blockquote", "head", "script", "style", "template", "title"})
-_VOID_TAGS = frozenset(
-    "area base br col embed hr img input link meta param source track wbr".split()
-)
+_VOID_TAGS = _words("area base br col embed hr img input link meta param source track wbr")
 _SKIPPED_CLASSES = ("gmail_quote", "gmail_signature", "yahoo_quoted", "moz-signature")
 _CUT_IDS = frozenset({"divrplyfwdmsg", "x_divrplyfwdmsg", "appendonsend"})
 _HTML_HINT = re.compile(
@@ -47,6 +52,13 @@ def looks_like_html(text: str) -> bool:
 def html_to_text(html: str) -> str:
     """Visible text of an HTML body: blocks on their own lines, lists as "- "/"1. " items,
     links as "text (url)", quoted mail and signatures left out."""
+    try:
+        return _extract(html)
+    except AssertionError:  # html.parser's answer to a marked section it does not know
+        return _extract(html.replace("<![", "&lt;!["))
+
+
+def _extract(html: str) -> str:
     parser = _TextExtractor()
     parser.feed(html)
     parser.close()
@@ -82,7 +94,7 @@ class _TextExtractor(HTMLParser):
 
     def handle_startendtag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
         if not self._is_cut and self._skip_tag is None and tag in ("br", "hr"):
-            self._newline()
+            self._newline(is_forced=tag == "br")
 
     def handle_endtag(self, tag: str) -> None:
         if self._is_cut or self._skipping(tag, is_start=False):
@@ -97,7 +109,7 @@ class _TextExtractor(HTMLParser):
             self.parts.append(" ")
         elif tag in _BLOCK_TAGS:
             self._newline()
-            if tag in ("p", "h1", "h2", "h3", "h4", "h5", "h6", "pre", "table"):
+            if tag in _PARAGRAPH_TAGS:
                 self.parts.append("\n")
 
     def handle_data(self, data: str) -> None:
@@ -121,7 +133,7 @@ class _TextExtractor(HTMLParser):
 
     def _open(self, tag: str, attributes: dict[str, str]) -> None:
         if tag == "br" or tag in _BLOCK_TAGS:
-            self._newline()
+            self._newline(is_forced=tag == "br")
         if tag == "ol":
             self._lists.append([1])
         elif tag == "ul":
@@ -145,10 +157,12 @@ class _TextExtractor(HTMLParser):
         href, self._href = self._href, None
         self.parts.append(text if not text or text == href else f"{text} ({href})")
 
-    def _newline(self) -> None:
+    def _newline(self, *, is_forced: bool = False) -> None:
+        """End the current line: `<br>` always does, a block only when text precedes it."""
         if self._href is not None:
             self._close_link()
-        self.parts.append("\n")
+        if is_forced or (self.parts and not self.parts[-1].endswith("\n")):
+            self.parts.append("\n")
 
 
 def _has_skipped_class(classes: str) -> bool:
@@ -161,8 +175,8 @@ _REPLY_HEADERS = (
     re.compile(r"^Le\b.{4,300}\ba écrit ?:$", re.I),
     re.compile(r"^Am\b.{4,300}\bschrieb.{0,120}:$", re.I),
     re.compile(r"^El\b.{4,300}\bescribió:$", re.I),
-    re.compile(r"^在.{4,300}写道[:：]$"),
-    re.compile(r"^\d{4}年\d{1,2}月\d{1,2}日.{2,300}[:：]$"),
+    re.compile(r"^在.{4,300}写道[:\uff1a]$"),
+    re.compile(r"^\d{4}年\d{1,2}月\d{1,2}日.{2,300}[:\uff1a]$"),
 )
 _ORIGINAL_MESSAGE = re.compile(
     r"^-{2,}\s*(?:Original Message|Ursprüngliche Nachricht|Message d'origine)\s*-{2,}$", re.I
@@ -173,14 +187,16 @@ _MOBILE_FOOTER = re.compile(
     re.I,
 )
 _OUTLOOK_FROM = re.compile(r"^\*?(?:From|De|Von):", re.I)
-_OUTLOOK_FIELD = re.compile(r"^\*?(?:Sent|Date|To|Cc|Subject|Envoyé|À|Objet|Gesendet|An|Betreff):", re.I)
+_OUTLOOK_FIELD = re.compile(
+    r"^\*?(?:Sent|Date|To|Cc|Subject|Envoyé|À|Objet|Gesendet|An|Betreff):", re.I
+)
 _UNDERSCORE_RULE = re.compile(r"^_{10,}$")
 _VALEDICTION = re.compile(
     r"^(?:best(?: regards| wishes)?|kind regards|warm regards|warmest regards|regards"
     r"|many thanks|thanks(?: again| so much| a lot)?|thank you(?: so much)?|cheers|sincerely"
     r"|yours(?: sincerely| truly)?|all the best|br|mit freundlichen grüßen|viele grüße|grüße"
     r"|cordialement|bien à vous|saludos|un saludo|atentamente|よろしくお願いします"
-    r"|よろしくお願いいたします|谢谢|此致敬礼|此致)[\s,.!。！、]*$",
+    r"|よろしくお願いいたします|谢谢|此致敬礼|此致)[\s,.!\u3002\uff01\u3001]*$",
     re.I,
 )
 _SIGN_OFF_MAX_LINES = 5

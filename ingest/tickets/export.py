@@ -1,0 +1,60 @@
+"""What the ticket readers share: the export file, its fingerprint, streaming its records and
+handing each to the vendor's reader and then to the shared conversion."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from flywheel.signals.candidates import Candidate
+from ingest.framework import SourceRecord
+from ingest.jsonl import file_sha256
+from ingest.tickets.convert import thread_candidates
+from ingest.tickets.fields import Fields
+from ingest.tickets.files import read_json_records
+from ingest.tickets.thread import Thread
+
+
+class TicketExport:
+    """A JSON export holding one record per ticket (see the vendor modules for the shapes)."""
+
+    source_kind = "ticket"
+    source_format = ""
+    version = "tickets/1"
+    noun = "ticket"  # what a record is called in errors: "ticket 4711", "issue SUP-12"
+    array_key = "tickets"  # the top-level key of the record array
+    is_array_allowed = False  # whether the export may be a bare top-level array
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    @property
+    def source_ref(self) -> str:
+        return str(self.path)
+
+    def fingerprint(self) -> str:
+        return file_sha256(self.path)
+
+    def records(self) -> Iterator[SourceRecord]:
+        found = read_json_records(
+            self.path,
+            array_key=self.array_key,
+            noun=self.noun,
+            name_of=self.name_of,
+            is_array_allowed=self.is_array_allowed,
+        )
+        for position, (where, payload) in enumerate(found):
+            ref = f"{self.path.name} {self.noun} {self.name_of(payload)} ({where})"
+            yield SourceRecord(position, ref, payload)
+
+    def convert(self, record: SourceRecord) -> list[Candidate]:
+        return thread_candidates(self.read_thread(Fields(record.payload, record.ref)))
+
+    def name_of(self, payload: Any) -> str:
+        """The record's own id, for errors and refs; "?" when it has none."""
+        value = payload.get("id") if isinstance(payload, dict) else None
+        return str(value) if isinstance(value, int | str) else "?"
+
+    def read_thread(self, record: Fields) -> Thread:
+        raise NotImplementedError

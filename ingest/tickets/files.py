@@ -1,0 +1,256 @@
+"""Reading export files in constant memory, with errors that say where the file is wrong.
+
+Encodings: UTF-8, with or without a byte-order mark; UTF-16 and UTF-32 when a byte-order
+mark says so (Excel's "Unicode text" export is UTF-16 LE with one). Anything else is an
+error naming the line and byte where decoding failed: guessing a legacy code page would put
+mojibake into training data without anyone noticing. A file that is binary (a NUL byte where
+text should be, or the magic number of an archive, spreadsheet, PDF or image) is refused
+before parsing, with what it looks like. A `.gz` file is read decompressed.
+
+JSON is streamed with ijson: only one record is in memory at a time, so an export of a
+million tickets reads like one of ten. JSON Lines and CSV are read line by line, each line
+at most MAX_LINE_BYTES.
+"""
+
+from __future__ import annotations
+
+import codecs
+import io
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+import ijson
+import orjson
+
+from flywheel.errors import InvalidInput
+from ingest.jsonl import open_source
+
+CHUNK_BYTES = 64 * 1024
+MAX_LINE_BYTES = 64 * 1024 * 1024
+JSON_LINES_SUFFIXES = (".jsonl", ".ndjson")
+
+_BOMS = (  # longest first: the UTF-32 LE mark starts with the UTF-16 LE one
+    (codecs.BOM_UTF32_LE, "utf-32-le"),
+    (codecs.BOM_UTF32_BE, "utf-32-be"),
+    (codecs.BOM_UTF8, "utf-8"),
+    (codecs.BOM_UTF16_LE, "utf-16-le"),
+    (codecs.BOM_UTF16_BE, "utf-16-be"),
+)
+_MAGIC = (
+    (b"\x1f\x8b", "a gzip archive (name it .gz to have it read decompressed)"),
+    (b"PK\x03\x04", "a zip archive or an .xlsx workbook (export as CSV or JSON instead)"),
+    (b"\xd0\xcf\x11\xe0", "an .xls workbook (export as CSV instead)"),
+    (b"%PDF", "a PDF document"),
+    (b"\x89PNG", "a PNG image"),
+    (b"\xff\xd8\xff", "a JPEG image"),
+    (b"SQLite format 3", "an SQLite database"),
+)
+
+
+@dataclass(frozen=True)
+class Encoding:
+    codec: str
+    bom_bytes: int
+
+
+def detect_encoding(path: Path) -> Encoding:
+    """The file's encoding from its byte-order mark (UTF-8 without one); InvalidInput when
+    the file is binary."""
+    with open_source(path) as source:
+        head = _read(source, path, CHUNK_BYTES)
+    for bom, codec in _BOMS:
+        if head.startswith(bom):
+            return Encoding(codec, len(bom))
+    for magic, what in _MAGIC:
+        if head.startswith(magic):
+            raise InvalidInput(f"{path}: this is {what}, not a ticket export")
+    nul = head.find(b"\x00")
+    if nul >= 0:
+        raise InvalidInput(
+            f"{path}: binary data (a NUL byte at byte {nul}), not a text export; "
+            "UTF-16 needs a byte-order mark"
+        )
+    return Encoding("utf-8", 0)
+
+
+def _read(source: IO[bytes], path: Path, size: int) -> bytes:
+    try:
+        return source.read(size)
+    except (OSError, EOFError) as error:  # a truncated .gz ends with EOFError
+        raise InvalidInput(f"{path}: cannot read ({error})") from error
+
+
+class Utf8Stream:
+    """The file's text as UTF-8 bytes, for ijson: checked as it streams, transcoded when the
+    file is UTF-16/32. A byte that does not decode is an InvalidInput naming line and byte."""
+
+    def __init__(self, source: IO[bytes], encoding: Encoding, path: Path) -> None:
+        self._source, self._path = source, path
+        self._codec = encoding.codec
+        self._decoder = codecs.getincrementaldecoder(encoding.codec)("strict")
+        self._is_utf8 = encoding.codec == "utf-8"
+        self._offset = len(_read(source, path, encoding.bom_bytes))
+        self._line = 1
+
+    def read(self, size: int = -1) -> bytes:
+        if size == 0:  # ijson asks for nothing to learn whether the stream gives bytes
+            return b""
+        while True:
+            chunk = _read(self._source, self._path, CHUNK_BYTES if size < 0 else size)
+            text = self._decode(chunk)
+            self._offset += len(chunk)
+            self._line += text.count("\n")
+            if not chunk or text or self._is_utf8:
+                return chunk if self._is_utf8 else text.encode("utf-8")
+
+    def _decode(self, chunk: bytes) -> str:
+        pending = self._decoder.getstate()[0]
+        try:
+            return self._decoder.decode(chunk, final=not chunk)
+        except UnicodeDecodeError as error:
+            where = self._offset - len(pending) + error.start
+            line = self._line + (pending + chunk)[: error.start].count(b"\n")
+            raise InvalidInput(
+                f"{self._path} line {line} (byte {where}): not valid {self._codec} "
+                f"({error.reason}); save the export as UTF-8"
+            ) from error
+
+
+def read_json_records(
+    path: Path,
+    *,
+    array_key: str,
+    noun: str,
+    name_of: Callable[[Any], str],
+    is_array_allowed: bool = False,
+) -> Iterator[tuple[str, Any]]:
+    """(where, record) for each record of a JSON export: the items of the top-level
+    `array_key` array, of a top-level array when the vendor's API returns one, or one per
+    line of a JSON Lines file."""
+    encoding = detect_encoding(path)
+    if path.name.removesuffix(".gz").endswith(JSON_LINES_SUFFIXES):
+        yield from _json_lines(path, encoding)
+        return
+    with open_source(path) as source:
+        first = _first_char(Utf8Stream(source, encoding, path))
+    if not first:
+        raise InvalidInput(f"{path}: the file is empty")
+    if first == b"[" and not is_array_allowed:
+        raise InvalidInput(
+            f'{path}: a JSON array, where this export has {{"{array_key}": [...]}}; '
+            "is --format right for this export?"
+        )
+    prefix = "item" if first == b"[" else f"{array_key}.item"
+    count, last = 0, ""
+    with open_source(path) as source:
+        records = ijson.items(Utf8Stream(source, encoding, path), prefix, use_float=True)
+        while True:
+            try:
+                record = next(records)
+            except StopIteration:
+                break
+            except ijson.JSONError as error:
+                after = f" (after {noun} {last})" if count else ""
+                raise InvalidInput(
+                    f"{path}: truncated or malformed JSON in {noun} #{count + 1}{after}: "
+                    f"{_first_line(error)}"
+                ) from error
+            count += 1
+            last = name_of(record)
+            yield f"#{count}", record
+    if count == 0 and first != b"[":
+        _check_has_array(path, encoding, array_key)
+
+
+def _first_line(error: Exception) -> str:
+    """ijson's message without the excerpt of the file it appends (it may hold PII)."""
+    return str(error).strip().split("\n", 1)[0]
+
+
+def _first_char(stream: Utf8Stream) -> bytes:
+    """The first byte that is not whitespace; b"" for an empty file."""
+    while chunk := stream.read(CHUNK_BYTES):
+        if stripped := chunk.lstrip():
+            return stripped[:1]
+    return b""
+
+
+def _check_has_array(path: Path, encoding: Encoding, array_key: str) -> None:
+    """An export with no records: fine when it is an empty `array_key` array, an error (with
+    the keys it does have) when it is some other JSON document."""
+    keys: list[str] = []
+    with open_source(path) as source:
+        try:
+            for prefix, event, value in ijson.parse(Utf8Stream(source, encoding, path)):
+                if prefix == array_key and event == "start_array":
+                    return
+                if prefix == "" and event == "map_key" and len(keys) < 10:
+                    keys.append(str(value))
+        except ijson.JSONError as error:
+            raise InvalidInput(f"{path}: not JSON ({_first_line(error)})") from error
+    found = f"its keys are {', '.join(keys)}" if keys else "it is not a JSON object"
+    raise InvalidInput(
+        f'{path}: no "{array_key}" array at the top level ({found}); '
+        "is --format right for this export?"
+    )
+
+
+def _json_lines(path: Path, encoding: Encoding) -> Iterator[tuple[str, Any]]:
+    for number, line in read_lines(path, encoding):
+        if not line.strip():
+            continue
+        try:
+            yield f"line {number}", orjson.loads(line)
+        except orjson.JSONDecodeError as error:
+            raise InvalidInput(f"{path} line {number}: not JSON ({error})") from error
+
+
+def read_lines(path: Path, encoding: Encoding) -> Iterator[tuple[int, str]]:
+    """(line number, line with its ending) of a text file, each line at most MAX_LINE_BYTES."""
+    with open_source(path) as source:
+        _read(source, path, encoding.bom_bytes)
+        if encoding.codec == "utf-8":
+            yield from _utf8_lines(source, path)
+        else:
+            yield from _decoded_lines(source, encoding, path)
+
+
+def _utf8_lines(source: IO[bytes], path: Path) -> Iterator[tuple[int, str]]:
+    number, offset = 0, 0
+    while raw := _readline(source, path, number + 1):
+        number += 1
+        try:
+            yield number, raw.decode("utf-8")
+        except UnicodeDecodeError as error:
+            raise InvalidInput(
+                f"{path} line {number} (byte {offset + error.start}): not valid UTF-8; "
+                "save the export as UTF-8"
+            ) from error
+        offset += len(raw)
+
+
+def _readline(source: IO[bytes], path: Path, number: int) -> bytes:
+    try:
+        line = source.readline(MAX_LINE_BYTES + 1)
+    except (OSError, EOFError) as error:
+        raise InvalidInput(f"{path}: cannot read line {number} ({error})") from error
+    if len(line) > MAX_LINE_BYTES:
+        raise InvalidInput(f"{path} line {number}: longer than {MAX_LINE_BYTES} bytes")
+    return line
+
+
+def _decoded_lines(source: IO[bytes], encoding: Encoding, path: Path) -> Iterator[tuple[int, str]]:
+    text = io.TextIOWrapper(source, encoding=encoding.codec, errors="strict", newline="")
+    number = 0
+    try:
+        while line := text.readline(MAX_LINE_BYTES):
+            number += 1
+            yield number, line
+    except UnicodeDecodeError as error:
+        raise InvalidInput(
+            f"{path} near line {number + 1}: not valid {encoding.codec} ({error.reason})"
+        ) from error
+    finally:
+        text.detach()
