@@ -1,21 +1,91 @@
 """Redaction of PII and secrets before anything reaches a training table.
 
-Interface (being filled in): `redact(text, names=()) -> Redaction` with typed placeholders
-(`<EMAIL>`, `<SECRET>`, `<NAME>`, ...) and per-type counts.
+`redact(text, names=...)` replaces each find with a typed placeholder and reports how many of
+each type it replaced. What counts, and what deliberately does not:
+
+- `<EMAIL>`: `local@domain.tld` with an alphabetic top-level domain. Not `python@2.7`,
+  `lodash@4.17.21`, `@decorators`, nor scp-style remotes `git@github.com:org/repo`.
+- `<PHONE>`: North American numbers with separators (`(415) 555-0132`, `+1 415.555.0132`),
+  any number written `+<country code> ...` with 8 to 15 digits, and national numbers with a
+  trunk 0 in the usual groupings (`020 7946 0958`, `01 23 45 67 89`). Bare digit runs are ids.
+- `<CARD>`: 13-19 digits (spaced or dashed in the usual groups) with a card network's prefix
+  and a valid Luhn check digit.
+- `<IBAN>`: IBANs, spaced or not, of a registered country's length, mod-97 valid.
+- `<SSN>`: US SSNs written `123-45-6789` outside the never-issued ranges, or 9 digits right
+  after "SSN" / "social security number".
+- `<IP>`: IPv4 and IPv6 addresses that can point at a host, private ranges included. Loopback
+  (127.0.0.1, ::1), unspecified (0.0.0.0), multicast and reserved addresses (netmasks,
+  broadcast) point at nobody and stay, in code and prose alike; so do dotted version numbers
+  after `v`, `==` or `@`.
+- `<SECRET>`: provider keys and tokens (AWS, GitHub, GitLab, Slack, Stripe, OpenAI,
+  Anthropic, SendGrid, PyPI), JWTs, private-key blocks (to their END line, or to the end of
+  the text when it is missing), the userinfo of `scheme://user:password@host`, bearer tokens,
+  and values assigned to secret-looking names (`API_KEY=...`, `"password": ...`) when the
+  value looks like one (see `credentials.is_secret_value`); the name and `=` stay. Hashes,
+  UUIDs, git SHAs and identifiers are not secrets unless assigned to such a name; template
+  stand-ins (`${DB_PASSWORD}`, `{password}`, `user:pass` in docs) are not secrets at all.
+- `<NAME>`: only the person names the caller passes (the source's requester, assignee,
+  commenters), as whole words; a lower-case hit counts only if spelled exactly as given.
+
+Overlapping finds resolve to the most specific type, then the longest span (see `spans`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
+
+from flywheel.redaction.credentials import find_secrets
+from flywheel.redaction.names import find_names
+from flywheel.redaction.pii import find_pii
+from flywheel.redaction.spans import KINDS, Span, lower_keeping_offsets, resolve
+
+__all__ = ["KINDS", "Redaction", "Span", "find_spans", "redact"]
 
 
 @dataclass(frozen=True)
 class Redaction:
+    """The redacted text, how many of each placeholder type it holds, and where each replaced
+    span sat in the original text (offsets only: the report never carries the values)."""
+
     text: str
     counts: dict[str, int] = field(default_factory=dict)  # placeholder type -> occurrences
+    spans: tuple[Span, ...] = ()
+
+    def report(self) -> dict[str, Any]:
+        """The per-record report, as stored beside the record and printed by the CLI."""
+        return {
+            "total": len(self.spans),
+            "counts": dict(self.counts),
+            "spans": [
+                {"type": kind, "start": start, "end": end} for start, end, kind in self.spans
+            ],
+        }
 
 
 def redact(text: str, *, names: Sequence[str] = ()) -> Redaction:
-    """Placeholder until the detectors land: returns the text unchanged."""
-    return Redaction(text)
+    """`text` with every PII and secret find replaced by `<TYPE>`; `names` are the person
+    names the source knows (requester, assignee, commenters)."""
+    spans = find_spans(text, names=names)
+    if not spans:
+        return Redaction(text)
+    pieces: list[str] = []
+    counts: dict[str, int] = {}
+    position = 0
+    for start, end, kind in spans:
+        pieces += (text[position:start], "<", kind, ">")
+        counts[kind] = counts.get(kind, 0) + 1
+        position = end
+    pieces.append(text[position:])
+    return Redaction("".join(pieces), counts, tuple(spans))
+
+
+def find_spans(text: str, *, names: Sequence[str] = ()) -> list[Span]:
+    """The non-overlapping spans `redact` replaces, in text order."""
+    lowered = lower_keeping_offsets(text)
+    found = find_secrets(text, lowered)
+    found += find_pii(text, lowered)
+    if names:
+        found += find_names(text, lowered, tuple(names))
+    return resolve(found)
