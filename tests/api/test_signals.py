@@ -133,3 +133,21 @@ def test_preference_pairs_page_through_in_id_order(
         "/v1/preference-pairs", params={"domain": "billing", "limit": 0}, headers=acme.headers
     )
     assert bad.status_code == 422
+
+
+def test_a_posted_task_is_redacted_before_it_is_stored(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    secret = "AKIA" + "IOSFODNN7EXAMPLQ"
+    prompt = f'def mail():\n    """Write to ops@acme.example with key {secret}."""\n'
+    payload = {**TASK, "prompt": prompt, "reference_solution": prompt + "    return 1\n"}
+
+    response = client.post("/v1/tasks", json=payload, headers=acme.headers)
+
+    assert response.status_code == 201, response.text
+    assert "ops@acme.example" not in response.text
+    with sessions() as session:
+        row = session.scalars(select(VerifiableTask)).one()
+    assert "<EMAIL>" in row.prompt
+    assert secret not in row.prompt
+    assert row.redaction_report["EMAIL"] == 2  # prompt and reference
