@@ -14,6 +14,7 @@ import os
 import subprocess
 import tokenize
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
@@ -52,9 +53,10 @@ class PythonFile:
     text: str
     tree: ast.Module
 
-    @property
+    @cached_property
     def lines(self) -> list[str]:
-        return self.text.splitlines()
+        """Lines as the parser counts them (not `splitlines`, which also breaks at form feeds)."""
+        return self.text.split("\n")
 
 
 class Snapshot(Protocol):
@@ -83,7 +85,7 @@ class DirectorySnapshot:
             found += [
                 str(relative / name)
                 for name in names
-                if name.endswith(".py") and os.path.isfile(os.path.join(directory, name))
+                if name.endswith(".py") and _is_plain_file(os.path.join(directory, name))
             ]
         return sorted(path.removeprefix("./") for path in found)
 
@@ -124,8 +126,13 @@ class CommitSnapshot:
         return run_git_bytes(self.git_dir, "cat-file", "blob", blob)
 
 
+def _is_plain_file(path: str) -> bool:
+    """A regular file, not a link: a link could point anywhere on the machine."""
+    return os.path.isfile(path) and not os.path.islink(path)
+
+
 def is_skipped_dir(name: str) -> bool:
-    return name in SKIPPED_DIRS or name.endswith(".egg-info")
+    return name in SKIPPED_DIRS or name.startswith(".") or name.endswith(".egg-info")
 
 
 def is_walked(path: str) -> bool:
@@ -156,10 +163,13 @@ def is_source(path: str) -> bool:
 
 def read_python(snapshot: Snapshot, path: str) -> PythonFile:
     """Read and parse one file, or raise Skipped saying why not."""
-    size = snapshot.size(path)
-    if size > MAX_FILE_BYTES:
-        raise Skipped("too_large", f"{path} is {size} bytes (the limit is {MAX_FILE_BYTES})")
-    data = snapshot.read_bytes(path)
+    try:
+        size = snapshot.size(path)
+        if size > MAX_FILE_BYTES:
+            raise Skipped("too_large", f"{path} is {size} bytes (the limit is {MAX_FILE_BYTES})")
+        data = snapshot.read_bytes(path)
+    except OSError as error:
+        raise Skipped("unreadable", f"{path}: {error.strerror or error}") from error
     if b"\0" in data[:8192]:
         raise Skipped("binary_file", f"{path} holds NUL bytes")
     text = decode_source(path, data)
@@ -171,10 +181,12 @@ def read_python(snapshot: Snapshot, path: str) -> PythonFile:
 
 
 def decode_source(path: str, data: bytes) -> str:
-    """Decode as Python itself would: a BOM or a PEP 263 cookie, else UTF-8."""
+    """Decode as Python itself would: a BOM or a PEP 263 cookie, else UTF-8; line ends
+    become `\n`, as the parser reads them."""
     try:
         encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
-        return data.decode(encoding).removeprefix("\ufeff")
+        text = data.decode(encoding).removeprefix("\ufeff")
+        return text.replace("\r\n", "\n").replace("\r", "\n")
     except (SyntaxError, UnicodeDecodeError, LookupError) as error:
         raise Skipped("undecodable", f"{path}: {error}") from error
 
@@ -214,9 +226,15 @@ def run_git_bytes(repo: Path, *args: str) -> bytes:
     except (OSError, subprocess.TimeoutExpired) as error:
         raise InvalidInput(f"git {args[0]} failed: {error}") from error
     if done.returncode != 0:
-        message = done.stderr.decode(errors="replace").strip().splitlines() or ["no message"]
-        raise InvalidInput(f"git {args[0]} failed in {repo}: {message[-1]}")
+        raise InvalidInput(f"git {args[0]} failed in {repo}: {git_error(done.stderr)}")
     return done.stdout
+
+
+def git_error(stderr: bytes) -> str:
+    """git's own one-line reason: its first `fatal:`/`error:` line, else its last line."""
+    lines = [line.strip() for line in stderr.decode(errors="replace").splitlines() if line.strip()]
+    reasons = [line for line in lines if line.startswith(("fatal:", "error:"))]
+    return (reasons or lines or ["no message"])[0 if reasons else -1]
 
 
 def git_env() -> dict[str, str]:

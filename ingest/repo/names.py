@@ -28,15 +28,18 @@ def bound_names(statement: ast.stmt) -> set[str]:
             for alias in statement.names
             if alias.name != "*"
         }
-    names = {
-        node.id
-        for node in ast.walk(statement)
-        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del)
-    }
-    for target in _assigned(statement):
-        base = _base_name(target)
-        if base is not None:
-            names.add(base)
+    names: set[str] = set()
+    todo: list[ast.AST] = [statement]
+    while todo:
+        node = todo.pop()
+        if node is not statement and isinstance(node, DEFINITIONS + IMPORTS):
+            names |= bound_names(node)  # inside `if`/`try`: `try: import x except: x = None`
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store | ast.Del):
+            names.add(node.id)
+        if isinstance(node, ast.stmt):
+            names.update(b for b in map(_base_name, _assigned(node)) if b is not None)
+        todo.extend(ast.iter_child_nodes(node))
     return names
 
 
@@ -66,13 +69,27 @@ def used_names(node: ast.AST) -> set[str]:
     for child in ast.walk(node):
         if isinstance(child, ast.Name):
             (loads if isinstance(child.ctx, ast.Load) else locals_).add(child.id)
-        elif isinstance(child, ast.arg):
-            locals_.add(child.arg)
         elif isinstance(child, ast.Global):
             globals_.update(child.names)
+        elif child is not node:
+            locals_.update(_local_binding(child))
     if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
         return loads  # module-level code: its stores are the module's own names
     return loads - (locals_ - globals_)
+
+
+def _local_binding(node: ast.AST) -> set[str]:
+    """Names bound inside a function other than by assignment: parameters, nested
+    definitions, local imports, `except ... as name`."""
+    if isinstance(node, ast.arg):
+        return {node.arg}
+    if isinstance(node, DEFINITIONS):
+        return {node.name}
+    if isinstance(node, IMPORTS):
+        return {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+    if isinstance(node, ast.ExceptHandler) and node.name:
+        return {node.name}
+    return set()
 
 
 def import_time_names(statement: ast.stmt) -> set[str]:
@@ -107,22 +124,28 @@ def is_docstring(statement: ast.stmt) -> bool:
     )
 
 
-def closure(statements: Sequence[ast.stmt], needed: Iterable[str]) -> list[int]:
+def closure(
+    statements: Sequence[ast.stmt], needed: Iterable[str], *, effects: bool = True
+) -> list[int]:
     """Indices (in order) of the module-level statements that `needed` names depend on,
-    including bare statements (calls, loops) whose import-time effects reach them."""
+    including (with `effects`) bare statements — calls, loops — whose import-time effects
+    reach them."""
     binders: dict[str, list[int]] = {}
     for index, statement in enumerate(statements):
         for name in bound_names(statement):
             binders.setdefault(name, []).append(index)
-    effects = [index for index, statement in enumerate(statements) if _is_effect(statement)]
+    effectful = [i for i, statement in enumerate(statements) if effects and _is_effect(statement)]
     wanted = set(needed)
     chosen: set[int] = set()
     while True:
         before = len(chosen)
         for name in list(wanted):
             chosen.update(binders.get(name, ()))
-        for index in effects:
-            if index not in chosen and _reaches(statements, index, binders) & wanted:
+        for index in effectful:
+            if (
+                index not in chosen
+                and _reaches(statements, index, binders) & wanted & binders.keys()
+            ):
                 chosen.add(index)
         for index in chosen:
             wanted |= used_names(statements[index])
