@@ -63,7 +63,9 @@ def ingest_tickets(
 
 @ingest.command("repo")
 def ingest_repo(
-    source: str = typer.Argument(..., help="A local path or a git URL (file:// works offline)."),
+    source: str = typer.Argument(
+        ..., help="A local directory, an sdist (.tar.gz/.zip) or a git URL (file:// works offline)."
+    ),
     history: int = typer.Option(0, min=0, help="Also mine the last N commits for tasks."),
     domain: str = DomainOption,
     tenant: str | None = TenantOption,
@@ -73,7 +75,8 @@ def ingest_repo(
     """A code repository: functions its tests exercise become verifiable tasks."""
     from ingest.repo import RepositoryIngestor
 
-    _run(RepositoryIngestor(source, history=history), tenant, domain, as_json, verify=verify)
+    with RepositoryIngestor(source, history=history) as repository:  # removes its clone
+        _run(repository, tenant, domain, as_json, verify=verify)
 
 
 @ingest.command("feedback")

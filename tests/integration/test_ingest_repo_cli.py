@@ -1,0 +1,59 @@
+"""`flywheel ingest repo` end to end: a real PyPI sdist (inflection 0.5.1, with its tests)
+becomes verifiable tasks that verifier QA accepts; a second run adds nothing."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.models import VerifiableTask
+from tests.conftest import Caller, run_cli
+
+SDIST = Path(__file__).parent.parent / "fixtures" / "sdists" / "inflection-0.5.1.tar.gz"
+
+
+def test_a_real_sdist_becomes_usable_tasks(
+    on_test_database: sessionmaker[Session], acme: Caller, capsys: pytest.CaptureFixture[str]
+) -> None:
+    args = ("ingest", "repo", str(SDIST), "--domain", "billing", "--json")
+
+    code, out, err = run_cli(capsys, *args)
+
+    assert code == 0, err
+    counts = json.loads(out)
+    assert counts["accepted"] == {"verifiable_tasks": 11}
+    assert counts["rejected"] == {"no_tests": 2}
+    assert counts["verifier"] == {"checked": 11, "usable": 11, "unusable": 0}
+    with on_test_database() as session:
+        tasks = session.scalars(select(VerifiableTask)).all()
+    assert {task.verifier_status for task in tasks} == {"usable"}
+    assert {task.group_key for task in tasks} == {"repository:inflection-0.5.1"}
+    camelize = next(task for task in tasks if task.entry_point == "camelize")
+    assert camelize.hidden_tests is not None
+    assert camelize.hidden_tests not in camelize.prompt
+    assert camelize.prompt.rstrip().endswith('"""')  # signature and docstring, no body
+
+    code, out, _ = run_cli(capsys, *args)
+
+    assert code == 0
+    again = json.loads(out)
+    assert (again["accepted"], again["duplicate"]) == ({}, 11)
+    assert again["verifier"]["checked"] == 0
+
+
+def test_not_a_repository_is_one_line(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "notes.txt").write_text("no code here")
+    for source in (str(tmp_path / "missing"), str(tmp_path), str(tmp_path / "notes.txt")):
+        code, _, err = run_cli(capsys, "ingest", "repo", source, "--domain", "billing")
+        assert code == 1, source
+        assert err.startswith("error: ")
+        assert len(err.strip().splitlines()) == 1
