@@ -4,7 +4,8 @@ Each batch of records is converted, stored and checkpointed in one transaction, 
 loses at most the batch in flight and a re-run of the same source resumes after the last
 committed batch. A malformed record fails the run (with the record named) and writes nothing
 of its batch; the run is never reported as a success. Re-reading a source that is already in
-adds nothing: every row's content hash is unique per domain.
+adds nothing: every row's content hash is unique per domain. Once all batches are in, the
+near-duplicate pass links new items to the canonical ones they nearly repeat.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import FlywheelError
 from flywheel.signals.candidates import Candidate
+from flywheel.signals.dedup import link_near_duplicates
 from flywheel.signals.models import IngestRun
 from flywheel.signals.store import StoreCounts, store_candidates
 from ingest.framework import Ingestor, Rejected, SourceRecord
@@ -104,12 +106,14 @@ def run_ingest(
     try:
         for batch in _batches(ingestor, start, batch_records, progress):
             _commit_batch(sessions, run_id, batch, counts, tenant_id, domain_id, ingestor)
-    except (FlywheelError, Exception) as error:
+    except Exception as error:
         _finish(sessions, run_id, "failed", counts, error=_describe(error))
         raise
     except BaseException:  # Ctrl-C: resumable, like a crash
         _finish(sessions, run_id, "failed", counts, error="interrupted")
         raise
+    with unit_of_work(sessions) as session:
+        counts.near_duplicate += sum(link_near_duplicates(session, domain_id=domain_id).values())
     _finish(sessions, run_id, "succeeded", counts)
     return RunResult(run_id, counts, resumed_from=start)
 

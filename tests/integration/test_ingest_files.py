@@ -363,3 +363,31 @@ def test_cli_input_errors_are_one_line(
     code, _, err = ingest(capsys, "tasks", str(gz), "--format", "mbpp", "--domain", "billing")
     assert code == 1
     assert "cannot read" in err
+
+
+def test_near_duplicates_are_linked_and_counted_not_dropped(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    docstring = (
+        "Return the invoice total for the given line items, applying the customer's discount "
+        "rate first and then the VAT rate of the customer's country, rounded to two decimals "
+        "as the accounting department expects for every invoice we send out."
+    )
+    first = {**MBPP, "task_id": 1, "text": docstring}
+    second = {**MBPP, "task_id": 2, "text": docstring.replace("every invoice", "each invoice")}
+    path = write_jsonl(tmp_path / "tasks.jsonl", [first, second])
+
+    code, counts, _ = ingest(
+        capsys, "tasks", str(path), "--format", "mbpp", "--domain", "billing", "--no-verify"
+    )
+
+    assert code == 0
+    assert counts["accepted"] == {"verifiable_tasks": 2}
+    assert counts["near_duplicate"] == 1
+    with on_test_database() as session:
+        tasks = {task.source_ref: task for task in session.scalars(select(VerifiableTask))}
+    assert tasks["2"].duplicate_of_id == tasks["1"].id
+    assert tasks["1"].duplicate_of_id is None

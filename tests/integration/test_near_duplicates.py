@@ -199,8 +199,10 @@ def test_a_second_pass_with_nothing_new_reads_and_links_nothing(
 
     with recorded_statements(engine) as statements:
         assert run_pass(sessions, domain) == NO_LINKS
-    # One look for unsigned rows per table, and nothing else.
-    assert [statement.split()[0] for statement in statements] == ["SELECT"] * 4
+    # The domain's lock (PostgreSQL), one look for unsigned rows per table, and nothing else.
+    looks = [statement for statement in statements if "pg_advisory_xact_lock" not in statement]
+    assert len(statements) - len(looks) == (engine.dialect.name == "postgresql")
+    assert [statement.split()[0] for statement in looks] == ["SELECT"] * 4
     assert links(sessions, SftExample) == {near: first}
 
     with unit_of_work(sessions) as session:
