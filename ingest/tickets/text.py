@@ -170,13 +170,15 @@ def _has_skipped_class(classes: str) -> bool:
 
 
 _ZENDESK_MARKER = re.compile(r"##-\s*Please type your reply above this line\s*-##", re.I)
-_REPLY_HEADERS = (
-    re.compile(r"^On\b.{4,300}\bwrote:$", re.I),
-    re.compile(r"^Le\b.{4,300}\ba écrit ?:$", re.I),
-    re.compile(r"^Am\b.{4,300}\bschrieb.{0,120}:$", re.I),
-    re.compile(r"^El\b.{4,300}\bescribió:$", re.I),
-    re.compile(r"^在.{4,300}写道[:\uff1a]$"),
-    re.compile(r"^\d{4}年\d{1,2}月\d{1,2}日.{2,300}[:\uff1a]$"),
+# One alternation, so a line is scanned once (this runs on every line of every comment).
+_REPLY_HEADER = re.compile(
+    r"^(?:On\b.{4,300}\bwrote:"
+    r"|Le\b.{4,300}\ba écrit ?:"
+    r"|Am\b.{4,300}\bschrieb.{0,120}:"
+    r"|El\b.{4,300}\bescribió:"
+    r"|在.{4,300}写道[:\uff1a]"
+    r"|\d{4}年\d{1,2}月\d{1,2}日.{2,300}[:\uff1a])$",
+    re.I,
 )
 _ORIGINAL_MESSAGE = re.compile(
     r"^-{2,}\s*(?:Original Message|Ursprüngliche Nachricht|Message d'origine)\s*-{2,}$", re.I
@@ -251,7 +253,7 @@ def _reply_header_span(lines: list[str], index: int) -> int:
 
 
 def _is_reply_header(line: str) -> bool:
-    return any(pattern.match(line) for pattern in _REPLY_HEADERS)
+    return _REPLY_HEADER.match(line) is not None
 
 
 def _cut_index(lines: list[str]) -> int:
