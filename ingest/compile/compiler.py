@@ -1,0 +1,244 @@
+"""Driving a compile: one transaction per domain, a watermark, an ingest run with the counts."""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from datetime import datetime, timedelta
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.db import unit_of_work, utcnow
+from flywheel.errors import NotFound
+from flywheel.feedback.models import FeedbackEvent
+from flywheel.signals.models import IngestRun
+from flywheel.tenancy.models import Domain
+from ingest.compile.evidence import Scope, count_events, evidence_rows, prepare
+from ingest.compile.items import Texts, prompts, stage
+from ingest.compile.rules import judge
+from ingest.compile.writer import COMPILER_VERSION, Writer
+
+# Events whose transaction commits after a compile read past them would be missed by a plain
+# watermark; a compile therefore also revisits the prompts of events stamped this long before
+# the last watermark (recompiling an unchanged prompt changes nothing).
+REVISIT = timedelta(minutes=10)
+PROGRESS_GROUPS = 10_000
+
+Progress = Callable[[int], None]  # called with the number of prompts just compiled
+
+
+@dataclass
+class CompileCounts:
+    """What one compile did: events and prompts read, items produced, rows written."""
+
+    events_read: int = 0
+    groups: int = 0
+    pairs: int = 0
+    sft: int = 0
+    labels: int = 0
+    ties_dropped: int = 0
+    conflicts: int = 0
+    conflicts_dropped: int = 0
+    inserted: int = 0
+    updated: int = 0
+    retracted: int = 0
+
+    def add(self, other: CompileCounts) -> None:
+        for name in (item.name for item in fields(self)):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+
+
+@dataclass(frozen=True)
+class DomainCompile:
+    """One domain's compile: its ingest run, the watermark it reached, its counts."""
+
+    domain_id: uuid.UUID
+    domain: str
+    run_id: uuid.UUID
+    watermark: datetime | None
+    counts: CompileCounts
+
+
+@dataclass
+class CompileReport:
+    tenant_id: uuid.UUID
+    domains: list[DomainCompile] = field(default_factory=list)
+
+    @property
+    def totals(self) -> CompileCounts:
+        totals = CompileCounts()
+        for domain in self.domains:
+            totals.add(domain.counts)
+        return totals
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "tenant_id": str(self.tenant_id),
+            "totals": asdict(self.totals),
+            "domains": [
+                {
+                    "domain": item.domain,
+                    "domain_id": str(item.domain_id),
+                    "run_id": str(item.run_id),
+                    "watermark": item.watermark.isoformat() if item.watermark else None,
+                    **asdict(item.counts),
+                }
+                for item in self.domains
+            ],
+        }
+
+
+def compile_feedback(
+    sessions: sessionmaker[Session],
+    *,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID | None = None,
+    progress: Progress | None = None,
+) -> CompileReport:
+    """Compile the feedback of one domain, or of every domain of the tenant (each in its own
+    transaction). NotFound for a domain that is not the tenant's."""
+    with sessions() as session:
+        query = select(Domain.id, Domain.name).where(Domain.tenant_id == tenant_id)
+        if domain_id is not None:
+            query = query.where(Domain.id == domain_id)
+        domains = [(row[0], row[1]) for row in session.execute(query.order_by(Domain.name))]
+    if domain_id is not None and not domains:
+        raise NotFound(f"domain {domain_id} not found")
+    report = CompileReport(tenant_id)
+    for each_id, name in domains:
+        report.domains.append(_compile_domain(sessions, tenant_id, each_id, name, progress))
+    return report
+
+
+def _compile_domain(
+    sessions: sessionmaker[Session],
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    name: str,
+    progress: Progress | None,
+) -> DomainCompile:
+    """The compile in one transaction; a failure is recorded as a failed run, then re-raised."""
+    try:
+        with unit_of_work(sessions) as session:
+            return _compile(session, tenant_id, domain_id, name, progress)
+    except Exception as error:
+        with unit_of_work(sessions) as session:
+            _record_run(session, tenant_id, domain_id, status="failed", error=repr(error)[:4000])
+        raise
+
+
+def _compile(
+    session: Session,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    name: str,
+    progress: Progress | None,
+) -> DomainCompile:
+    _lock_domain(session, domain_id)
+    previous = _previous_watermark(session, domain_id)
+    newest = _newest_event(session, tenant_id, domain_id)
+    scope = Scope(tenant_id, domain_id, since=None if previous is None else previous - REVISIT)
+    prepare(session, scope)
+    counts = CompileCounts(events_read=count_events(session, scope))
+    writer = Writer(session, tenant_id=tenant_id, domain_id=domain_id, now=utcnow())
+    texts = Texts()
+    for prompt in prompts(evidence_rows(session, scope), texts):
+        verdicts = judge(prompt.evidence)
+        staged = stage(prompt, verdicts, writer, texts)
+        writer.add_group(prompt.group_key)
+        counts.groups += 1
+        counts.pairs += staged["pairs"]
+        counts.sft += staged["sft"]
+        counts.labels += staged["labels"]
+        counts.ties_dropped += prompt.evidence.ties
+        counts.conflicts += verdicts.conflicts
+        counts.conflicts_dropped += verdicts.conflicts_dropped
+        if progress is not None and counts.groups % PROGRESS_GROUPS == 0:
+            progress(PROGRESS_GROUPS)
+    written = writer.finish(retract=previous is not None)
+    counts.inserted, counts.updated, counts.retracted = (
+        written.inserted,
+        written.updated,
+        written.retracted,
+    )
+    if progress is not None and counts.groups % PROGRESS_GROUPS:
+        progress(counts.groups % PROGRESS_GROUPS)
+    watermark = max(filter(None, (previous, newest)), default=None)
+    run = _record_run(
+        session,
+        tenant_id,
+        domain_id,
+        status="succeeded",
+        counts=counts,
+        watermark=watermark,
+        read=f"{scope.since}..{watermark}",
+    )
+    return DomainCompile(domain_id, name, run.id, watermark, counts)
+
+
+def _lock_domain(session: Session, domain_id: uuid.UUID) -> None:
+    """Compiles of one domain take turns (SQLite has a single writer anyway)."""
+    if session.get_bind().dialect.name == "postgresql":
+        key = int.from_bytes(domain_id.bytes[:8], "big", signed=True)
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
+
+
+def _previous_watermark(session: Session, domain_id: uuid.UUID) -> datetime | None:
+    checkpoint = session.scalar(
+        select(IngestRun.checkpoint)
+        .where(
+            IngestRun.domain_id == domain_id,
+            IngestRun.source_kind == "feedback",
+            IngestRun.source_format == "compile",
+            IngestRun.status == "succeeded",
+        )
+        .order_by(IngestRun.created_at.desc())
+        .limit(1)
+    )
+    if not checkpoint or checkpoint.get("watermark") is None:
+        return None
+    return datetime.fromisoformat(checkpoint["watermark"])
+
+
+def _newest_event(session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID) -> datetime | None:
+    return session.scalar(
+        select(FeedbackEvent.created_at)
+        .where(FeedbackEvent.tenant_id == tenant_id, FeedbackEvent.domain_id == domain_id)
+        .order_by(FeedbackEvent.created_at.desc())
+        .limit(1)
+    )
+
+
+def _record_run(
+    session: Session,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    *,
+    status: str,
+    counts: CompileCounts | None = None,
+    watermark: datetime | None = None,
+    read: str = "",
+    error: str | None = None,
+) -> IngestRun:
+    """The run's record; `source_sha256` fingerprints the span of events it read."""
+    run = IngestRun(
+        tenant_id=tenant_id,
+        domain_id=domain_id,
+        source_kind="feedback",
+        source_format="compile",
+        source_ref=f"feedback_events of domain {domain_id}",
+        source_sha256=hashlib.sha256(f"{domain_id}:{read}".encode()).hexdigest(),
+        ingestor_version=COMPILER_VERSION,
+        status=status,
+        checkpoint={"watermark": watermark.isoformat() if watermark else None},
+        counts=asdict(counts) if counts else {},
+        error=error,
+        finished_at=utcnow(),
+    )
+    session.add(run)
+    session.flush()
+    return run

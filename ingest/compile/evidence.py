@@ -1,0 +1,439 @@
+"""Reading the evidence: raw events aggregated per (prompt, response), streamed prompt by prompt.
+
+Every row is `(prompt_key, messages_json, what, a, b, raters, total, newest_us, kind_bits,
+refs)`, ordered by `prompt_key` so that all rows of one prompt arrive together:
+
+    SCORE       a = the response; raters, their summed latest scores (quarters), kind bits
+    CORRECTION  a = the original response, b = the corrected text; raters
+    COMPARISON  a = preferred over b; raters
+    TIES        raters = tie comparisons about the prompt
+
+A rater's latest judgement of a thing replaces their earlier ones (a changed mind is not two
+votes): per response for ratings, outcomes and corrections, per comparison (prompt and its
+list of responses) for comparisons. Events without a rater each count on their own, except
+outcomes: a response has one outcome, the latest ("resolved", then "reopened", is a failure).
+
+On PostgreSQL one set-based query does the aggregation and the server streams the result
+through a server-side cursor. SQLite (the embedded default, small data) reads the events and
+aggregates the same way in Python.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections import defaultdict
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any, cast
+
+import orjson
+import psycopg
+from sqlalchemy import func, select, text
+from sqlalchemy.orm import Session
+
+from flywheel.feedback.models import FeedbackEvent, Interaction
+
+SCORE, CORRECTION, COMPARISON, TIES = 0, 1, 2, 3
+MAX_REFS = 8  # event ids kept per aggregate for provenance; the count is in `raters`
+FETCH_ROWS = 20_000
+
+Row = tuple[Any, ...]
+
+# The conversation an event is about: a comparison's own (`value.messages`) first; then the
+# event's own conversation when it has no interaction, else its interaction's.
+PROMPT_OF_EVENT = """
+    CASE WHEN e.interaction_id IS NULL THEN coalesce(e.value -> 'messages', e.messages)
+         WHEN e.kind = 'comparison' THEN coalesce(e.value -> 'messages', i.messages)
+         ELSE i.messages END
+"""
+QUARTERS = """
+    CASE WHEN kind = 'outcome' THEN CASE WHEN (value ->> 'success')::boolean THEN 4 ELSE 0 END
+         WHEN value ? 'thumbs' THEN CASE WHEN value ->> 'thumbs' = 'up' THEN 4 ELSE 0 END
+         ELSE (value ->> 'stars')::int - 1 END
+"""
+MICROS = "(date_part('epoch', {0}) * 1000000)::int8"
+
+# Keys are hashes (two 64-bit seeds where a collision would merge two things) or ids: hashing
+# and sorting jsonb values themselves is what made the first version of this query slow.
+H = "jsonb_hash_extended({0}, 0), jsonb_hash_extended({0}, 1)"
+EVIDENCE_SQL = f"""
+WITH ev AS NOT MATERIALIZED (
+    SELECT e.id, e.created_at, e.kind, e.value, e.rater, e.interaction_id,
+           CASE WHEN e.interaction_id IS NULL THEN e.messages END AS messages,
+           CASE WHEN e.interaction_id IS NULL THEN e.response END AS response,
+           coalesce(e.rater, CASE WHEN e.kind = 'outcome' THEN '' ELSE e.id::text END) AS voter
+    FROM feedback_events e {{touched_join}}
+    WHERE e.tenant_id = %(tenant)s AND e.domain_id = %(domain)s {{touched_where}}
+),
+rated AS (
+    SELECT interaction_id, kind, max({MICROS.format("created_at")} * 8 + {QUARTERS}) AS latest
+    FROM ev WHERE kind IN ('rating', 'outcome') AND interaction_id IS NOT NULL
+    GROUP BY interaction_id, kind, voter
+),
+scored AS (
+    SELECT interaction_id, NULL::jsonb AS messages, {SCORE} AS what, NULL::text AS a,
+           NULL::text AS b, count(*) AS raters, sum(latest %% 8)::int AS total,
+           max(latest / 8) AS newest_us,
+           bit_or(CASE kind WHEN 'rating' THEN 1 ELSE 2 END) AS kind_bits, NULL::text[] AS refs
+    FROM rated GROUP BY interaction_id
+),
+own_rated AS (
+    SELECT jsonb_hash_extended(messages, 0) AS h0, jsonb_hash_extended(messages, 1) AS h1,
+           response, kind, (array_agg(messages))[1] AS messages,
+           max({MICROS.format("created_at")} * 8 + {QUARTERS}) AS latest, min(id::text) AS ref
+    FROM ev WHERE kind IN ('rating', 'outcome') AND interaction_id IS NULL
+    GROUP BY 1, 2, response, kind, voter
+),
+own_scored AS (
+    SELECT NULL::uuid, (array_agg(messages))[1], {SCORE}, response, NULL::text, count(*),
+           sum(latest %% 8)::int, max(latest / 8),
+           bit_or(CASE kind WHEN 'rating' THEN 1 ELSE 2 END),
+           (array_agg('event/' || ref ORDER BY ref))[1:{MAX_REFS}]
+    FROM own_rated GROUP BY h0, h1, response
+),
+corrected AS (
+    SELECT DISTINCT ON (interaction_id, h0, h1, response, voter)
+           interaction_id, h0, h1, response, messages, value ->> 'text' AS fixed, created_at, id
+    FROM (SELECT ev.*, {H.format("messages")} FROM ev WHERE kind = 'correction')
+        AS c(id, created_at, kind, value, rater, interaction_id, messages, response, voter, h0, h1)
+    ORDER BY interaction_id, h0, h1, response, voter, created_at DESC, id DESC
+),
+corrections AS (
+    SELECT interaction_id, (array_agg(messages))[1], {CORRECTION}, response, fixed, count(*),
+           0, max({MICROS.format("created_at")}), 0,
+           CASE WHEN interaction_id IS NULL
+                THEN (array_agg('event/' || id ORDER BY id))[1:{MAX_REFS}] END
+    FROM corrected GROUP BY interaction_id, h0, h1, response, fixed
+),
+compared AS MATERIALIZED (
+    SELECT DISTINCT ON (h0, h1, r0, r1, voter) h0, h1, prompt, value, created_at, id
+    FROM (SELECT c.*, {H.format("prompt")}, {H.format("value -> 'responses'")}
+          FROM (SELECT ev.*, coalesce(value -> 'messages', messages,
+                    (SELECT i.messages FROM interactions i WHERE i.id = ev.interaction_id))
+                FROM ev WHERE kind = 'comparison')
+              AS c(id, created_at, kind, value, rater, interaction_id, messages, response, voter,
+                   prompt)) AS c(id, created_at, kind, value, rater, interaction_id, messages,
+                                 response, voter, prompt, h0, h1, r0, r1)
+    ORDER BY h0, h1, r0, r1, voter, created_at DESC, id DESC
+),
+comparisons AS (
+    SELECT NULL::uuid, (array_agg(prompt))[1], {COMPARISON},
+           value -> 'responses' ->> (value ->> 'preferred')::int AS chosen, r.rejected,
+           count(*), 0, max({MICROS.format("created_at")}), 0,
+           (array_agg('event/' || id ORDER BY id))[1:{MAX_REFS}]
+    FROM compared
+    CROSS JOIN LATERAL jsonb_array_elements_text(value -> 'responses')
+        WITH ORDINALITY AS r(rejected, position)
+    WHERE value ? 'preferred' AND r.position - 1 <> (value ->> 'preferred')::int
+    GROUP BY h0, h1, chosen, r.rejected
+),
+ties AS (
+    SELECT NULL::uuid, (array_agg(prompt))[1], {TIES}, NULL::text, NULL::text, count(*), 0,
+           0::int8, 0, NULL::text[]
+    FROM compared WHERE value ? 'tie' AND (value ->> 'tie')::boolean
+    GROUP BY h0, h1
+)
+SELECT coalesce(i.prompt_key, jsonb_hash_extended(x.messages, 0)) AS prompt_key,
+       coalesce(i.messages, x.messages::text), x.what, coalesce(x.a, i.response), x.b,
+       x.raters, x.total, x.newest_us, x.kind_bits,
+       coalesce(x.refs, ARRAY['interaction/' || x.interaction_id])
+FROM (SELECT * FROM scored UNION ALL SELECT * FROM own_scored
+      UNION ALL SELECT * FROM corrections UNION ALL SELECT * FROM comparisons
+      UNION ALL SELECT * FROM ties) x
+LEFT JOIN (SELECT id, jsonb_hash_extended(messages, 0) AS prompt_key, messages::text AS messages,
+                  response
+           FROM interactions WHERE tenant_id = %(tenant)s AND domain_id = %(domain)s) i
+    ON i.id = x.interaction_id
+WHERE x.interaction_id IS NULL OR i.id IS NOT NULL
+ORDER BY prompt_key
+"""
+
+TOUCHED_SQL = f"""
+INSERT INTO compile_touched
+SELECT DISTINCT jsonb_hash_extended({PROMPT_OF_EVENT}, 0)
+FROM feedback_events e LEFT JOIN interactions i ON i.id = e.interaction_id
+WHERE e.tenant_id = :tenant AND e.domain_id = :domain AND e.created_at > :since
+"""
+TOUCHED_JOIN = "LEFT JOIN interactions i ON i.id = e.interaction_id"
+TOUCHED_WHERE = (
+    f"AND jsonb_hash_extended({PROMPT_OF_EVENT}, 0) IN (SELECT prompt_key FROM compile_touched)"
+)
+
+
+@dataclass(frozen=True)
+class Scope:
+    """Which events to compile: the whole domain, or only the prompts with events after
+    `since` (all of those prompts' events, old ones included)."""
+
+    tenant_id: uuid.UUID
+    domain_id: uuid.UUID
+    since: datetime | None
+
+
+def psycopg_connection(session: Session) -> psycopg.Connection[Any]:
+    """The session's own psycopg connection, for server-side cursors and COPY."""
+    return cast(psycopg.Connection[Any], session.connection().connection.dbapi_connection)
+
+
+def prepare(session: Session, scope: Scope) -> None:
+    """Settings for the big query and, for a partial scope on PostgreSQL, the temporary
+    table of the prompt keys to recompile (those with events after `since`)."""
+    if session.get_bind().dialect.name != "postgresql":
+        return
+    # per sort or hash table: ~1M events aggregate and sort in memory instead of on disk
+    session.execute(text("SET LOCAL work_mem = '256MB'"))
+    session.execute(text("SET LOCAL jit = off"))  # compiling these queries costs more than it saves
+    if scope.since is not None:
+        session.execute(
+            text("CREATE TEMP TABLE compile_touched (prompt_key bigint) ON COMMIT DROP")
+        )
+        session.execute(
+            text(TOUCHED_SQL),
+            {"tenant": scope.tenant_id, "domain": scope.domain_id, "since": scope.since},
+        )
+        session.execute(text("ANALYZE compile_touched"))
+
+
+def evidence_rows(session: Session, scope: Scope) -> Iterator[Row]:
+    """The evidence rows of the scope, ordered by prompt key (after `prepare`)."""
+    if session.get_bind().dialect.name == "postgresql":
+        return _postgres_rows(session, scope)
+    return iter(_python_rows(session, scope))
+
+
+def _postgres_rows(session: Session, scope: Scope) -> Iterator[Row]:
+    partial = scope.since is not None
+    sql = EVIDENCE_SQL.format(
+        touched_join=TOUCHED_JOIN if partial else "", touched_where=TOUCHED_WHERE if partial else ""
+    )
+    with psycopg_connection(session).cursor(name="compile_evidence", binary=True) as cursor:
+        cursor.itersize = FETCH_ROWS
+        cursor.execute(sql, {"tenant": scope.tenant_id, "domain": scope.domain_id})
+        yield from cursor
+
+
+def count_events(session: Session, scope: Scope) -> int:
+    """How many events the scope covers (after `prepare`)."""
+    if session.get_bind().dialect.name != "postgresql" or scope.since is None:
+        query = select(FeedbackEvent.id).where(
+            FeedbackEvent.tenant_id == scope.tenant_id, FeedbackEvent.domain_id == scope.domain_id
+        )
+        if scope.since is None:
+            return int(session.execute(query.with_only_columns(func.count())).scalar_one())
+        return sum(1 for _ in _scoped_events(session, scope))
+    sql = (
+        f"SELECT count(*) FROM feedback_events e {TOUCHED_JOIN} WHERE e.tenant_id = :tenant "
+        f"AND e.domain_id = :domain {TOUCHED_WHERE}"
+    )
+    found = session.execute(text(sql), {"tenant": scope.tenant_id, "domain": scope.domain_id})
+    return int(found.scalar_one())
+
+
+# --- SQLite: the same aggregation in Python ------------------------------------------------
+
+EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@dataclass(frozen=True, slots=True)
+class _Event:
+    id: str
+    micros: int
+    kind: str
+    value: dict[str, Any]
+    rater: str | None
+    interaction_id: str | None
+    prompt_json: str
+    response: str | None
+
+
+def _micros(moment: datetime) -> int:
+    return (moment - EPOCH) // timedelta(microseconds=1)
+
+
+def _events(session: Session, scope: Scope) -> Iterator[_Event]:
+    query = (
+        select(
+            FeedbackEvent.id,
+            FeedbackEvent.created_at,
+            FeedbackEvent.kind,
+            FeedbackEvent.value,
+            FeedbackEvent.rater,
+            FeedbackEvent.interaction_id,
+            FeedbackEvent.messages,
+            FeedbackEvent.response,
+            Interaction.messages,
+            Interaction.response,
+        )
+        .outerjoin(Interaction, Interaction.id == FeedbackEvent.interaction_id)
+        .where(
+            FeedbackEvent.tenant_id == scope.tenant_id, FeedbackEvent.domain_id == scope.domain_id
+        )
+    )
+    for (
+        event_id,
+        created_at,
+        kind,
+        value,
+        rater,
+        interaction_id,
+        own,
+        own_response,
+        *of,
+    ) in session.execute(query):
+        if interaction_id is None:
+            prompt = value.get("messages", own) if kind == "comparison" else own
+        else:
+            prompt = value.get("messages", of[0]) if kind == "comparison" else of[0]
+        yield _Event(
+            id=str(event_id),
+            micros=_micros(created_at),
+            kind=kind,
+            value=value,
+            rater=rater,
+            interaction_id=None if interaction_id is None else str(interaction_id),
+            prompt_json=orjson.dumps(prompt, option=orjson.OPT_SORT_KEYS).decode(),
+            response=of[1] if interaction_id is not None else own_response,
+        )
+
+
+def _scoped_events(session: Session, scope: Scope) -> list[_Event]:
+    events = list(_events(session, scope))
+    if scope.since is None:
+        return events
+    since = _micros(scope.since)
+    touched = {event.prompt_json for event in events if event.micros > since}
+    return [event for event in events if event.prompt_json in touched]
+
+
+def _python_rows(session: Session, scope: Scope) -> list[Row]:
+    events = _scoped_events(session, scope)
+    rows = [
+        *_score_rows([e for e in events if e.kind in ("rating", "outcome")]),
+        *_correction_rows([e for e in events if e.kind == "correction"]),
+        *_comparison_rows([e for e in events if e.kind == "comparison"]),
+    ]
+    rows.sort(key=lambda row: row[0])
+    return rows
+
+
+def _quarters(event: _Event) -> int:
+    value = event.value
+    if event.kind == "outcome":
+        return 4 if value["success"] else 0
+    if "thumbs" in value:
+        return 4 if value["thumbs"] == "up" else 0
+    return int(value["stars"]) - 1
+
+
+def _latest_by(events: list[_Event], key: Any, order: Any) -> list[_Event]:
+    """Each `key`'s latest event by `order` (the SQL's DISTINCT ON / max)."""
+    latest: dict[Any, _Event] = {}
+    for event in events:
+        found = latest.get(key(event))
+        if found is None or order(event) > order(found):
+            latest[key(event)] = event
+    return list(latest.values())
+
+
+def _target(event: _Event) -> tuple[str, str | None, str | None]:
+    """What a rating, outcome or correction is about: its interaction, or its own context."""
+    if event.interaction_id is not None:
+        return (event.prompt_json, event.interaction_id, None)
+    return (event.prompt_json, None, event.response)
+
+
+def _refs(target: tuple[str, str | None, str | None], events: list[_Event]) -> list[str]:
+    if target[1] is not None:
+        return [f"interaction/{target[1]}"]
+    return sorted(f"event/{event.id}" for event in events)[:MAX_REFS]
+
+
+def _rater_key(event: _Event) -> str:
+    if event.rater is not None:
+        return event.rater
+    return "" if event.kind == "outcome" else event.id
+
+
+def _voter(event: _Event) -> str:
+    return event.id if event.rater is None else event.rater
+
+
+def _score_rows(events: list[_Event]) -> Iterator[Row]:
+    """Like the SQL: each rater's latest score, and (for provenance) their first event id."""
+    by_rater: dict[Any, list[_Event]] = defaultdict(list)
+    for event in events:
+        by_rater[_target(event), event.kind, _rater_key(event)].append(event)
+    by_target: dict[Any, list[tuple[_Event, str]]] = defaultdict(list)
+    for (target, _, _), rated in by_rater.items():
+        latest = max(rated, key=lambda e: (e.micros, _quarters(e)))
+        by_target[target].append((latest, min(event.id for event in rated)))
+    for target, group in by_target.items():
+        bits = 0
+        for event, _ in group:
+            bits |= 1 if event.kind == "rating" else 2
+        refs = (
+            [f"interaction/{target[1]}"]
+            if target[1] is not None
+            else (sorted(f"event/{ref}" for _, ref in group)[:MAX_REFS])
+        )
+        yield (
+            target[0],
+            target[0],
+            SCORE,
+            group[0][0].response,
+            None,
+            len(group),
+            sum(_quarters(event) for event, _ in group),
+            max(event.micros for event, _ in group),
+            bits,
+            refs,
+        )
+
+
+def _correction_rows(events: list[_Event]) -> Iterator[Row]:
+    latest = _latest_by(
+        events, key=lambda e: (_target(e), _voter(e)), order=lambda e: (e.micros, e.id)
+    )
+    by_fix: dict[Any, list[_Event]] = defaultdict(list)
+    for event in latest:
+        by_fix[_target(event), event.value["text"]].append(event)
+    for (target, fixed), group in by_fix.items():
+        newest = max(event.micros for event in group)
+        refs = _refs(target, group)
+        yield (
+            target[0],
+            target[0],
+            CORRECTION,
+            group[0].response,
+            fixed,
+            len(group),
+            0,
+            newest,
+            0,
+            refs,
+        )
+
+
+def _comparison_rows(events: list[_Event]) -> Iterator[Row]:
+    latest = _latest_by(
+        events,
+        key=lambda e: (e.prompt_json, tuple(e.value["responses"]), _voter(e)),
+        order=lambda e: (e.micros, e.id),
+    )
+    pairs: dict[tuple[str, str, str], list[_Event]] = defaultdict(list)
+    ties: dict[str, int] = defaultdict(int)
+    for event in latest:
+        preferred, responses = event.value.get("preferred"), event.value["responses"]
+        if preferred is None:
+            ties[event.prompt_json] += bool(event.value.get("tie"))
+            continue
+        for position, rejected in enumerate(responses):
+            if position != preferred:
+                pairs[event.prompt_json, responses[preferred], rejected].append(event)
+    for (prompt, chosen, rejected), group in pairs.items():
+        refs = sorted(f"event/{event.id}" for event in group)[:MAX_REFS]
+        newest = max(event.micros for event in group)
+        yield (prompt, prompt, COMPARISON, chosen, rejected, len(group), 0, newest, 0, refs)
+    for prompt, count in ties.items():
+        yield (prompt, prompt, TIES, None, None, count, 0, 0, 0, None)
