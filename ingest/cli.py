@@ -11,7 +11,6 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +23,7 @@ from flywheel.cli.common import JsonOption, database_sessions, emit
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.signals import verification
+from flywheel.signals.dedup import link_near_duplicates
 from flywheel.tenancy import service as tenancy
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import Ingestor
@@ -138,9 +138,24 @@ def compile_feedback(
         with unit_of_work(sessions) as session:
             tenant_id = _tenant_id(session, tenant)
             domain_id = None if domain is None else _domain_id(session, tenant_id, domain)
-        report = compile_events(sessions, tenant_id=tenant_id, domain_id=domain_id)
-    data = asdict(report)
-    emit(data, as_json=as_json, text=_lines(data))
+        with _progress("compiling prompts", as_json) as advance:
+            report = compile_events(
+                sessions, tenant_id=tenant_id, domain_id=domain_id, progress=advance
+            )
+        data = report.as_json()
+        for compiled in data["domains"]:
+            with unit_of_work(sessions) as session:
+                links = link_near_duplicates(session, domain_id=uuid.UUID(compiled["domain_id"]))
+            compiled["near_duplicate"] = sum(links.values())
+    emit(data, as_json=as_json, text=_compile_lines(data))
+
+
+def _compile_lines(data: dict[str, Any]) -> str:
+    lines = []
+    for compiled in data["domains"]:
+        counts = {key: value for key, value in compiled.items() if isinstance(value, int)}
+        lines.append(f"{compiled['domain']}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
+    return "\n".join(lines) or "no domains to compile"
 
 
 def _run(
