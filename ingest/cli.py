@@ -119,7 +119,11 @@ def ingest_export_tasks(
                 session=session, domain_id=domain_id, out=sys.stdout, status=status
             )
         else:
-            with out.open("w", encoding="utf-8") as sink:
+            try:
+                sink = out.open("w", encoding="utf-8")
+            except OSError as error:
+                raise InvalidInput(f"cannot write {out}: {error.strerror or error}") from error
+            with sink:
                 written = export_tasks(
                     session=session, domain_id=domain_id, out=sink, status=status
                 )

@@ -29,6 +29,7 @@ class FeedbackFileIngestor:
     source_kind = "feedback"
     source_format = "jsonl"
     version = "feedback-jsonl/1"
+    records_are_groups = False
 
     def __init__(self, path: Path, domain: str) -> None:
         self.path = path
@@ -60,7 +61,9 @@ class FeedbackFileIngestor:
             first = error.errors()[0]
             where = ".".join(str(part) for part in first["loc"])
             raise InvalidInput(f"{record.ref}: {where}: {first['msg']}") from error
-        canonical = json.dumps([line, record.payload[1]], sort_keys=True, ensure_ascii=False)
+        canonical = json.dumps(
+            [self.domain, line, record.payload[1]], sort_keys=True, ensure_ascii=False
+        )
         digest = hashlib.sha256(canonical.encode()).hexdigest()
         return [
             EventCandidate(

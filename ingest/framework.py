@@ -41,6 +41,9 @@ class Ingestor(Protocol):
     source_kind: str  # one of flywheel.signals.models.SOURCE_KINDS
     source_format: str  # "zendesk", "jira", "github", "csv", "repository", "humaneval", ...
     version: str  # stored on every row it produces: bump it when its output changes
+    # True when one record is all of its group's signal (a ticket thread): reading it again
+    # retracts what the group yielded before and no longer does.
+    records_are_groups: bool
 
     @property
     def source_ref(self) -> str:

@@ -10,17 +10,20 @@ near-duplicate pass links new items to the canonical ones they nearly repeat.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import func, select
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import unit_of_work, utcnow
-from flywheel.errors import FlywheelError
+from flywheel.errors import Conflict, FlywheelError, InvalidInput
 from flywheel.signals.candidates import Candidate
 from flywheel.signals.dedup import link_near_duplicates
 from flywheel.signals.models import IngestRun
@@ -83,6 +86,11 @@ class _Batch:
     read: int = 0
     rejected: Counter[str] = field(default_factory=Counter)
     next_position: int = 0
+    refs: list[str] = field(default_factory=list)  # the first and the last record's
+
+    @property
+    def span(self) -> str:
+        return " to ".join(dict.fromkeys([self.refs[0], self.refs[-1]])) if self.refs else ""
 
 
 def run_ingest(
@@ -96,26 +104,50 @@ def run_ingest(
 ) -> RunResult:
     """Ingest everything `ingestor` reads into the domain; the run's id and counts."""
     fingerprint = ingestor.fingerprint()
-    with unit_of_work(sessions) as session:
-        run = _resumable_run(session, ingestor, domain_id, fingerprint)
-        if run is None:
-            run = _new_run(session, ingestor, tenant_id, domain_id, fingerprint)
-        run.status, run.error = "running", None
-        run_id, start = run.id, int(run.checkpoint.get("position", 0))
-        counts = RunCounts.from_json(run.counts)
-    try:
-        for batch in _batches(ingestor, start, batch_records, progress):
-            _commit_batch(sessions, run_id, batch, counts, tenant_id, domain_id, ingestor)
-    except Exception as error:
-        _finish(sessions, run_id, "failed", counts, error=_describe(error))
-        raise
-    except BaseException:  # Ctrl-C: resumable, like a crash
-        _finish(sessions, run_id, "failed", counts, error="interrupted")
-        raise
-    with unit_of_work(sessions) as session:
-        counts.near_duplicate += sum(link_near_duplicates(session, domain_id=domain_id).values())
-    _finish(sessions, run_id, "succeeded", counts)
+    with source_lock(sessions, domain_id, fingerprint):
+        with unit_of_work(sessions) as session:
+            run = _resumable_run(session, ingestor, domain_id, fingerprint)
+            if run is None:
+                run = _new_run(session, ingestor, tenant_id, domain_id, fingerprint)
+            run.status, run.error = "running", None
+            run_id, start = run.id, int(run.checkpoint.get("position", 0))
+            counts = RunCounts.from_json(run.counts)
+        try:
+            for batch in _batches(ingestor, start, batch_records, progress):
+                _commit_batch(sessions, run_id, batch, counts, tenant_id, domain_id, ingestor)
+            with unit_of_work(sessions) as session:
+                links = link_near_duplicates(session, domain_id=domain_id)
+            counts.near_duplicate += sum(links.values())
+        except Exception as error:
+            _finish(sessions, run_id, "failed", counts, error=_describe(error))
+            raise
+        except BaseException:  # Ctrl-C: resumable, like a crash
+            _finish(sessions, run_id, "failed", counts, error="interrupted")
+            raise
+        _finish(sessions, run_id, "succeeded", counts)
     return RunResult(run_id, counts, resumed_from=start)
+
+
+@contextmanager
+def source_lock(
+    sessions: sessionmaker[Session], domain_id: uuid.UUID, fingerprint: str
+) -> Iterator[None]:
+    """One run at a time per (domain, source): two would resume from the same checkpoint and
+    overwrite each other's counts. A PostgreSQL session lock, so a crashed process's lock goes
+    with its connection; SQLite serialises writers itself."""
+    engine = sessions.kw["bind"]
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    digest = hashlib.sha256(f"ingest:{domain_id}:{fingerprint}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    with engine.connect() as connection:
+        if not connection.execute(select(func.pg_try_advisory_lock(key))).scalar():
+            raise Conflict("another run is ingesting this source into this domain right now")
+        try:
+            yield
+        finally:
+            connection.execute(select(func.pg_advisory_unlock(key)))
 
 
 def _resumable_run(
@@ -181,6 +213,9 @@ def _batches(
 def _convert_into(batch: _Batch, ingestor: Ingestor, record: SourceRecord) -> None:
     batch.read += 1
     batch.next_position = record.position + 1
+    batch.refs[1:] = [record.ref] if batch.refs else []
+    if not batch.refs:
+        batch.refs.append(record.ref)
     try:
         batch.candidates += ingestor.convert(record)
     except Rejected as rejected:
@@ -197,22 +232,41 @@ def _commit_batch(
     ingestor: Ingestor,
 ) -> None:
     """Store the batch and move the checkpoint past it, in one transaction."""
-    with unit_of_work(sessions) as session:
-        stored = store_candidates(
-            session=session,
-            tenant_id=tenant_id,
-            domain_id=domain_id,
-            candidates=batch.candidates,
-            ingestor_version=ingestor.version,
-        )
-        updated = RunCounts.from_json(counts.as_json())
-        updated.read += batch.read
-        updated.rejected.update(batch.rejected)
-        updated.add(stored)
-        run = session.get_one(IngestRun, run_id)
-        run.counts = updated.as_json()
-        run.checkpoint = {"position": batch.next_position}
+    try:
+        with unit_of_work(sessions) as session:
+            updated = _store_batch(session, run_id, batch, counts, tenant_id, domain_id, ingestor)
+    except (DataError, IntegrityError, UnicodeEncodeError) as error:
+        reason = str(getattr(error, "orig", None) or error).strip().splitlines()[0]
+        raise InvalidInput(f"{batch.span}: the database refused a record: {reason}") from error
     counts.__dict__.update(updated.__dict__)  # only once the batch is committed
+
+
+def _store_batch(
+    session: Session,
+    run_id: uuid.UUID,
+    batch: _Batch,
+    counts: RunCounts,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    ingestor: Ingestor,
+) -> RunCounts:
+    """The batch's rows and the run's new counts and checkpoint, in `session`."""
+    stored = store_candidates(
+        session=session,
+        tenant_id=tenant_id,
+        domain_id=domain_id,
+        candidates=batch.candidates,
+        ingestor_version=ingestor.version,
+        replaces_groups=ingestor.records_are_groups,
+    )
+    updated = RunCounts.from_json(counts.as_json())
+    updated.read += batch.read
+    updated.rejected.update(batch.rejected)
+    updated.add(stored)
+    run = session.get_one(IngestRun, run_id)
+    run.counts = updated.as_json()
+    run.checkpoint = {"position": batch.next_position}
+    return updated
 
 
 def _finish(

@@ -22,6 +22,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from flywheel.errors import InvalidInput
+from flywheel.feedback.values import MAX_NAME_CHARS, check_clean_text
 from flywheel.signals.candidates import Candidate, Provenance, TaskCandidate
 from flywheel.signals.models import VerifiableTask
 from ingest.framework import SourceRecord
@@ -33,6 +34,7 @@ TASK_FORMATS = ("flywheel", "humaneval", "mbpp")
 class TaskFileIngestor:
     source_kind = "task_file"
     version = "task-jsonl/1"
+    records_are_groups = False
 
     def __init__(self, path: Path, source_format: str = "flywheel") -> None:
         if source_format not in TASK_FORMATS:
@@ -65,15 +67,21 @@ class TaskFileIngestor:
             raise InvalidInput(f"{record.ref}: {error}") from error
 
 
-def _text(data: dict[str, Any], key: str) -> str:
+def _text(data: dict[str, Any], key: str, max_chars: int | None = None) -> str:
+    """A string field: no lone surrogates (nothing can store them), within `max_chars`."""
     value = data[key]
     if not isinstance(value, str):
         raise TypeError(f"{key!r} must be a string, not {type(value).__name__}")
-    return value
+    if max_chars is not None and len(value) > max_chars:
+        raise ValueError(f"{key!r} is longer than {max_chars} characters")
+    try:
+        return check_clean_text(value.replace("\x00", ""))
+    except ValueError as error:
+        raise ValueError(f"{key!r}: {error}") from error
 
 
-def _optional_text(data: dict[str, Any], key: str) -> str | None:
-    return _text(data, key) if data.get(key) is not None else None
+def _optional_text(data: dict[str, Any], key: str, max_chars: int | None = None) -> str | None:
+    return _text(data, key, max_chars) if data.get(key) is not None else None
 
 
 def _provenance(task_id: str, group: str) -> Provenance:
@@ -87,7 +95,7 @@ def from_humaneval(data: dict[str, Any], file_stem: str) -> TaskCandidate:
     return TaskCandidate(
         provenance=_provenance(task_id, f"{file_stem}:{task_id}"),
         prompt=prompt,
-        entry_point=_text(data, "entry_point"),
+        entry_point=_text(data, "entry_point", MAX_NAME_CHARS),
         reference_solution=prompt + _text(data, "canonical_solution"),
         hidden_tests=_text(data, "test"),
     )
@@ -134,15 +142,15 @@ def from_flywheel(data: dict[str, Any], file_stem: str) -> TaskCandidate:
     return TaskCandidate(
         provenance=_provenance(task_id, str(data.get("group") or f"{file_stem}:{task_id}")),
         prompt=_text(data, "prompt"),
-        entry_point=_optional_text(data, "entry_point")
+        entry_point=_optional_text(data, "entry_point", MAX_NAME_CHARS)
         if kind == "answer"
-        else _text(data, "entry_point"),
+        else _text(data, "entry_point", MAX_NAME_CHARS),
         reference_solution=_optional_text(data, "reference_solution"),
         hidden_tests=_text(data, "hidden_tests") if kind == "code" else None,
         visible_tests=_optional_text(data, "visible_tests"),
         task_kind=kind,
         answer=_optional_text(data, "answer"),
-        language=str(data.get("language", "python")),
+        language=_text({"language": "python"} | data, "language", 32),
     )
 
 

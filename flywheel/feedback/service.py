@@ -229,19 +229,29 @@ def record_feedback_events(
     events: Sequence[NewFeedback],
     idempotency_keys: Sequence[str],
     refs: Sequence[str],
+    domain_id: uuid.UUID,
 ) -> list[Recorded]:
-    """Record events read from a file or an export, each under its own idempotency key (so
-    reading the file again replays them). An unknown target fails the batch, naming its ref."""
+    """Record events read from a file or an export into one domain, each under its own
+    idempotency key (so reading the file again replays them). An unknown target, a target in
+    another domain or a conflicting replay fails the batch, naming the event's ref."""
     resolved = _resolve_targets(session, tenant_id, events)
     if resolved.errors:
         first = resolved.errors[0]
         raise InvalidInput(f"{refs[first['index']]}: {first['message']}")
+    for event, ref in zip(events, refs, strict=True):
+        target_domain, name = resolved.domain_of(event)
+        if target_domain != domain_id:
+            raise InvalidInput(
+                f"{ref}: interaction {event.interaction_id} is in domain {name!r}, "
+                "not in the domain being ingested"
+            )
     return _record_resolved(
         session=session,
         tenant_id=tenant_id,
         events=events,
         targets=resolved,
         idempotency_keys=idempotency_keys,
+        refs=refs,
     )
 
 
@@ -288,6 +298,7 @@ def _record_resolved(
     events: Sequence[NewFeedback],
     targets: _Targets,
     idempotency_keys: Sequence[str | None],
+    refs: Sequence[str] | None = None,
 ) -> list[Recorded]:
     now = utcnow()
     rows = [
@@ -296,7 +307,7 @@ def _record_resolved(
     ]
     inserted = insert_ignoring_conflicts(session, FEEDBACK_EVENTS, rows)
     recorded = []
-    for event, row in zip(events, rows, strict=True):
+    for index, (event, row) in enumerate(zip(events, rows, strict=True)):
         created_at, is_replay = now, False
         if row["id"] not in inserted:
             first = _find_duplicate(
@@ -304,9 +315,14 @@ def _record_resolved(
             )
             if first is None:  # the conflicting row was deleted in between: never guess
                 raise Conflict("an event conflicts with a stored row that could not be found")
-            _check_same_request(
-                first, row["request_sha256"], row["idempotency_key"], event.event_id
-            )
+            try:
+                _check_same_request(
+                    first, row["request_sha256"], row["idempotency_key"], event.event_id
+                )
+            except Conflict as error:
+                raise Conflict(
+                    f"{refs[index]}: {error.message}" if refs else error.message
+                ) from error
             row["id"], created_at, is_replay = first.id, first.created_at, True
         recorded.append(
             Recorded(

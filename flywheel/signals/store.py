@@ -12,7 +12,7 @@ from datetime import datetime
 from typing import Any
 
 import orjson
-from sqlalchemy import Table, select
+from sqlalchemy import Table, func, literal, select, update
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import insert_ignoring_conflicts
@@ -84,12 +84,18 @@ def store_candidates(
     domain_id: uuid.UUID,
     candidates: Sequence[Candidate],
     ingestor_version: str,
+    replaces_groups: bool = False,
 ) -> StoreCounts:
     """Redact, hash and insert `candidates`; rows whose content the domain holds are skipped.
 
     Exact duplicates are refused by the (domain, content hash) unique constraint, so two
     concurrent ingests of the same source cannot store anything twice. Interactions keep
     their feedback: stored as an interaction plus feedback events with the source's ids.
+
+    With `replaces_groups` the candidates are all the signal their groups now yield (a ticket
+    thread read again, say): the groups' earlier rows from the same kind of source that are
+    not among them are retracted (weight 0, never deleted: dataset versions may hold them),
+    and retracted rows produced again get their weight back.
     """
     counts = StoreCounts()
     rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
@@ -98,20 +104,73 @@ def store_candidates(
             continue
         table, row = _signal_row(candidate)
         row.update(tenant_id=tenant_id, domain_id=domain_id, ingestor_version=ingestor_version)
-        counts.redacted += bool(row["redaction_report"])
         rows[table].append(row)
     for table, table_rows in rows.items():
         inserted = insert_ignoring_conflicts(session, SIGNAL_TABLES[table], table_rows)
         counts.accepted[table] += len(inserted)
         counts.duplicate += len(table_rows) - len(inserted)
+        counts.redacted += sum(
+            bool(row["redaction_report"]) for row in table_rows if row["id"] in inserted
+        )
+    if replaces_groups:
+        _replace_groups(session, domain_id, candidates, rows)
     interactions = [item for item in candidates if isinstance(item, InteractionCandidate)]
     counts.add(_store_interactions(session, tenant_id, domain_id, interactions))
-    counts.add(_store_events(session, tenant_id, candidates))
+    counts.add(_store_events(session, tenant_id, domain_id, candidates))
     return counts
 
 
+RETRACTED = "retracted: "
+
+
+def _replace_groups(
+    session: Session,
+    domain_id: uuid.UUID,
+    candidates: Sequence[Candidate],
+    rows: dict[str, list[dict[str, Any]]],
+) -> None:
+    """Retract the groups' rows this batch no longer yields; restore those it yields again."""
+    groups = {candidate.provenance.group_key[:255] for candidate in candidates}
+    kinds = {candidate.provenance.source_kind for candidate in candidates}
+    if not groups:
+        return
+    for name, table in SIGNAL_TABLES.items():
+        kept = [row["content_sha256"] for row in rows.get(name, [])]
+        scope = (
+            (table.c.domain_id == domain_id)
+            & table.c.group_key.in_(groups)
+            & table.c.source_kind.in_(kinds)
+        )
+        retract: dict[str, Any] = {"weight": 0.0}
+        if "why" in table.c:
+            retract["why"] = func.substr(literal(RETRACTED) + table.c.why, 1, 255)
+        session.execute(
+            update(table)
+            .where(scope, table.c.weight > 0, table.c.content_sha256.not_in(kept))
+            .values(retract)
+        )
+        _restore(session, table, scope, rows.get(name, []))
+
+
+def _restore(session: Session, table: Table, scope: Any, rows: list[dict[str, Any]]) -> None:
+    """Give retracted rows that are yielded again their weight (and reason) back."""
+    by_hash = {row["content_sha256"]: row for row in rows}
+    retracted = session.scalars(
+        select(table.c.content_sha256).where(
+            scope, table.c.weight == 0, table.c.content_sha256.in_(list(by_hash))
+        )
+    ).all()
+    for content_sha256 in retracted:
+        values: dict[str, Any] = {"weight": by_hash[content_sha256]["weight"]}
+        if "why" in table.c:
+            values["why"] = by_hash[content_sha256]["why"]
+        session.execute(
+            update(table).where(scope, table.c.content_sha256 == content_sha256).values(values)
+        )
+
+
 def _store_events(
-    session: Session, tenant_id: uuid.UUID, candidates: Sequence[Candidate]
+    session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, candidates: Sequence[Candidate]
 ) -> StoreCounts:
     counts = StoreCounts()
     events = [item for item in candidates if isinstance(item, EventCandidate)]
@@ -122,6 +181,7 @@ def _store_events(
             events=[item.event for item in events],
             idempotency_keys=[item.idempotency_key for item in events],
             refs=[item.provenance.source_ref for item in events],
+            domain_id=domain_id,
         )
         replays = sum(item.is_replay for item in recorded)
         counts.accepted["feedback_events"] += len(recorded) - replays
@@ -168,7 +228,8 @@ class _Redactor:
         self.report: Counter[str] = Counter()
 
     def text(self, value: str) -> str:
-        redaction = redact(value, names=self.names)
+        # NUL cannot be stored in PostgreSQL text and means nothing in a training example.
+        redaction = redact(value.replace("\x00", ""), names=self.names)
         self.report.update(redaction.counts)
         return redaction.text
 
@@ -257,8 +318,9 @@ def _store_interactions(
     domain_id: uuid.UUID,
     interactions: Sequence[InteractionCandidate],
 ) -> StoreCounts:
-    """Interactions get an id derived from (tenant, source ref) and events keep the source's
-    ids, so a second ingest of the same export finds both and adds nothing."""
+    """Interactions get an id derived from (domain, source ref) and events an id made of the
+    domain and the source's own id, so a second ingest of the same export into the same domain
+    finds both and adds nothing, and another domain gets its own copies."""
     counts = StoreCounts()
     if not interactions:
         return counts
@@ -266,7 +328,7 @@ def _store_interactions(
     interaction_rows, event_rows = [], []
     for item in interactions:
         redactor = _Redactor(item.provenance.names)
-        interaction_id = uuid.uuid5(INGESTED_NAMESPACE, f"{tenant_id}:{item.provenance.source_ref}")
+        interaction_id = uuid.uuid5(INGESTED_NAMESPACE, f"{domain_id}:{item.provenance.source_ref}")
         interaction_rows.append(
             {
                 "id": interaction_id,
@@ -280,7 +342,7 @@ def _store_interactions(
                 "adapter": None,
                 "session_id": None,
                 "metadata": {"source_ref": item.provenance.source_ref},
-                "idempotency_key": f"ingest:{item.provenance.source_ref}"[:255],
+                "idempotency_key": f"ingest:{domain_id}:{item.provenance.source_ref}"[:255],
                 "request_sha256": "",
             }
         )
@@ -316,7 +378,7 @@ def _event_row(
         "messages": None,
         "response": None,
         "rater": feedback.rater,
-        "event_id": feedback.event_id[:255],
+        "event_id": f"ingest:{domain_id}:{feedback.event_id}"[:255],
         "idempotency_key": None,
         "request_sha256": "",
     }

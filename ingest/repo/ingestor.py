@@ -60,6 +60,7 @@ class RepositoryIngestor:
     source_kind = "repository"
     source_format = "repository"
     version = "repository/1"
+    records_are_groups = False
 
     def __init__(self, source: str, history: int = 0) -> None:
         if not 0 <= history <= MAX_HISTORY:

@@ -22,6 +22,7 @@ class TicketExport:
     source_kind = "ticket"
     source_format = ""
     version = "tickets/1"
+    records_are_groups = True  # one record is a whole thread: re-reading it replaces it
     noun = "ticket"  # what a record is called in errors: "ticket 4711", "issue SUP-12"
     array_key = "tickets"  # the top-level key of the record array
     is_array_allowed = False  # whether the export may be a bare top-level array

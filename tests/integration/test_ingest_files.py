@@ -15,12 +15,13 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import unit_of_work
+from flywheel.errors import Conflict
 from flywheel.feedback.service import NewInteraction, record_interaction
 from flywheel.models import FeedbackEvent, IngestRun, VerifiableTask
 from flywheel.signals.candidates import Candidate
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import SourceRecord
-from ingest.runner import run_ingest
+from ingest.runner import run_ingest, source_lock
 from tests.conftest import Caller, count_rows, make_caller, run_cli
 
 RATING = {
@@ -391,3 +392,176 @@ def test_near_duplicates_are_linked_and_counted_not_dropped(
         tasks = {task.source_ref: task for task in session.scalars(select(VerifiableTask))}
     assert tasks["2"].duplicate_of_id == tasks["1"].id
     assert tasks["1"].duplicate_of_id is None
+
+
+def test_one_feedback_file_into_two_domains(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run_cli(capsys, "domains", "create", "support", "--tenant", "acme")[0] == 0
+    path = write_jsonl(tmp_path / "feedback.jsonl", [RATING, CORRECTION])
+
+    for domain in ("billing", "support"):
+        code, counts, err = ingest(capsys, "feedback", str(path), "--domain", domain)
+        assert code == 0, err
+        assert counts["accepted"] == {"feedback_events": 2}
+
+
+def test_feedback_conflicts_and_foreign_interactions_name_the_line(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert run_cli(capsys, "domains", "create", "support", "--tenant", "acme")[0] == 0
+    with unit_of_work(on_test_database) as session:
+        elsewhere = record_interaction(
+            session=session,
+            tenant_id=acme.tenant_id,
+            new=NewInteraction(
+                domain="support", messages=[{"role": "user", "content": "q"}], response="a"
+            ),
+            idempotency_key=None,
+        )
+    same_id = [{**RATING, "event_id": "e-1"}, {**CORRECTION, "event_id": "e-1"}]
+    foreign = [
+        RATING,
+        {"interaction_id": str(elsewhere.id), "kind": "rating", "value": {"thumbs": "up"}},
+    ]
+    cases = [
+        (same_id, "feedback.jsonl line 2: event_id 'e-1' was already used"),
+        (foreign, "feedback.jsonl line 2: interaction"),
+    ]
+    for lines, message in cases:
+        path = write_jsonl(tmp_path / "feedback.jsonl", lines)
+        code, _, err = ingest(capsys, "feedback", str(path), "--domain", "billing")
+        assert code == 1
+        assert message in err
+        assert len(err.strip().splitlines()) == 1
+    assert "is in domain 'support'" in err
+    assert count_rows(on_test_database, "feedback_events") == 0
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"entry_point": "f" * 300}, "line 1: 'entry_point' is longer than 255 characters"),
+        ({"prompt": "def f():\ud800\n"}, "line 1: 'prompt': text must not contain lone surrogates"),
+    ],
+)
+def test_task_fields_the_database_cannot_hold_name_the_line(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    change: dict[str, str],
+    message: str,
+) -> None:
+    task = {
+        "task_id": "t",
+        "prompt": "def f():\n",
+        "canonical_solution": "    return 1\n",
+        "test": "def check(c):\n    assert c() == 1\n",
+        "entry_point": "f",
+    } | change
+    path = tmp_path / "tasks.jsonl"
+    path.write_text(json.dumps(task) + "\n", encoding="utf-8")
+
+    code, _, err = ingest(
+        capsys, "tasks", str(path), "--format", "humaneval", "--domain", "billing", "--no-verify"
+    )
+
+    assert code == 1
+    assert message in err
+    assert count_rows(on_test_database, "verifiable_tasks") == 0
+
+
+def test_nul_bytes_are_dropped_not_fatal(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    task = {
+        "task_id": "t",
+        "prompt": 'def f():\n    """One.\x00"""\n',
+        "canonical_solution": "    return 1\n",
+        "test": "def check(c):\n    assert c() == 1\n",
+        "entry_point": "f",
+    }
+    path = write_jsonl(tmp_path / "tasks.jsonl", [task])
+
+    code, _, err = ingest(
+        capsys, "tasks", str(path), "--format", "humaneval", "--domain", "billing", "--no-verify"
+    )
+
+    assert code == 0, err
+    with on_test_database() as session:
+        stored = session.scalars(select(VerifiableTask.prompt)).one()
+    assert stored == 'def f():\n    """One."""\n'
+
+
+def test_a_failed_near_duplicate_pass_fails_the_run(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*_: Any, **__: Any) -> dict[str, int]:
+        raise MemoryError("no room for the signatures")
+
+    monkeypatch.setattr("ingest.runner.link_near_duplicates", broken)
+    path = write_jsonl(tmp_path / "feedback.jsonl", [RATING])
+
+    with pytest.raises(MemoryError):
+        run_ingest(
+            on_test_database,
+            FeedbackFileIngestor(path, "billing"),
+            tenant_id=acme.tenant_id,
+            domain_id=_domain_id(on_test_database),
+        )
+
+    with on_test_database() as session:
+        run = session.scalars(select(IngestRun)).one()
+    assert (run.status, run.error) == ("failed", "MemoryError: no room for the signatures")
+
+
+@pytest.mark.postgres_only
+def test_a_second_run_over_the_same_source_waits_its_turn(
+    on_test_database: sessionmaker[Session], acme: Caller, tmp_path: Path
+) -> None:
+    """While one process ingests a source into a domain, another is refused (it would
+    resume from the same checkpoint and overwrite the counts)."""
+    path = write_jsonl(tmp_path / "feedback.jsonl", [RATING])
+    ingestor = FeedbackFileIngestor(path, "billing")
+    domain = _domain_id(on_test_database)
+    with (
+        source_lock(on_test_database, domain, ingestor.fingerprint()),
+        pytest.raises(Conflict, match="another run is ingesting this source"),
+    ):
+        run_ingest(on_test_database, ingestor, tenant_id=acme.tenant_id, domain_id=domain)
+    result = run_ingest(on_test_database, ingestor, tenant_id=acme.tenant_id, domain_id=domain)
+    assert result.counts.accepted["feedback_events"] == 1
+
+
+def test_export_to_a_missing_directory_is_one_line(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, _, err = run_cli(
+        capsys,
+        "ingest",
+        "export-tasks",
+        "--domain",
+        "billing",
+        "--out",
+        str(tmp_path / "nope" / "tasks.jsonl"),
+    )
+
+    assert code == 1
+    assert err.startswith("error: cannot write ")
+    assert len(err.strip().splitlines()) == 1

@@ -4,6 +4,7 @@ the people the ticket names redacted, one group per thread, and a second run add
 from __future__ import annotations
 
 import json
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,7 @@ from flywheel.models import FeedbackEvent, Interaction, PreferencePair, SftExamp
 from tests.conftest import Caller, count_rows, run_cli
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "tickets"
+TICKETS_JSON = FIXTURES / "zendesk_tickets.json"
 CSV_MAPPING = (
     "id=Ticket ID,subject=Subject,body=Description,first_resolution=First Response,"
     "resolution=Resolution,status=Status,requester=Requester,assignee=Agent,"
@@ -129,3 +131,67 @@ def test_bad_exports_fail_with_one_line(
         assert message in err
         assert len(err.strip().splitlines()) == 1
     assert count_rows(on_test_database, "sft_examples") == 0
+
+
+def zendesk_export(path: Path, tickets: list[dict[str, Any]]) -> Path:
+    path.write_text(json.dumps({"tickets": tickets}), encoding="utf-8")
+    return path
+
+
+def test_a_ticket_read_again_replaces_what_it_yielded(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """Ticket 4712 exported right after its first solve, then again once it was reopened and
+    solved differently: the first answer stops being an SFT example (it is the rejected side
+    of the pair now), and reading the early export again brings it back."""
+    full = next(
+        ticket
+        for ticket in json.loads(TICKETS_JSON.read_text(encoding="utf-8"))["tickets"]
+        if ticket["id"] == 4712
+    )
+    early = {
+        **full,
+        "comments": full["comments"][:2],
+        "audits": [audit for audit in full["audits"] if audit["created_at"] <= "2024-03-05T10:30"],
+    }
+    early_path = zendesk_export(tmp_path / "early.json", [early])
+    full_path = zendesk_export(tmp_path / "full.json", [full])
+
+    assert ingest(capsys, str(early_path), "--format", "zendesk")[0] == 0
+    code, _, err = ingest(capsys, str(full_path), "--format", "zendesk")
+    assert code == 0, err
+
+    with on_test_database() as session:
+        examples = {row.completion: row.weight for row in session.scalars(select(SftExample))}
+        pair = session.scalars(select(PreferencePair)).one()
+    assert examples[pair.chosen] == 1.0
+    assert examples[pair.rejected] == 0.0  # retracted, not deleted
+
+    assert ingest(capsys, str(early_path), "--format", "zendesk")[0] == 0
+    with on_test_database() as session:
+        examples = {row.completion: row.weight for row in session.scalars(select(SftExample))}
+        pair = session.scalars(select(PreferencePair)).one()
+    assert examples[pair.rejected] == 1.0
+    assert (examples[pair.chosen], pair.weight) == (0.0, 0.0)
+    assert pair.why.startswith("retracted: ")
+
+
+def test_one_export_into_two_domains_gives_each_its_own_feedback(
+    on_test_database: sessionmaker[Session], acme: Caller, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert run_cli(capsys, "domains", "create", "support", "--tenant", "acme")[0] == 0
+    path = str(TICKETS_JSON)
+    first = ingest(capsys, path, "--format", "zendesk")
+    code, out, err = run_cli(
+        capsys, "ingest", "tickets", path, "--format", "zendesk", "--domain", "support", "--json"
+    )
+
+    assert code == 0, err
+    assert json.loads(out)["accepted"] == first[1]["accepted"]
+    with on_test_database() as session:
+        per_domain = Counter(session.scalars(select(FeedbackEvent.domain_id)))
+    assert len(per_domain) == 2
+    assert len(set(per_domain.values())) == 1
