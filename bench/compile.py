@@ -289,8 +289,8 @@ class Phases:
         self.wrap(items, "redact", "redact (each distinct text once)")
         self.wrap(compiler, "judge", "judge (rules)")
         self.wrap(compiler, "stage", "stage (redact item texts, hash, buffer)")
-        self.wrap(writer.Writer, "_write", "COPY into staging")
-        self.wrap(writer.Writer, "_upsert", "INSERT ... ON CONFLICT from staging")
+        self.wrap(writer.Writer, "_store_chunk", "COPY + upsert chunks (background thread)")
+        self.wrap(writer.Writer, "finish", "finish (last chunks, retraction)")
         for patch in self.patches:
             patch.start()
         return self

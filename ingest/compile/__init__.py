@@ -57,13 +57,15 @@ turns; a failed compile writes nothing and is recorded as a failed ingest run.
 
 Work split: on PostgreSQL one set-based query aggregates the events per (prompt, response)
 and streams the result through a server-side cursor; Python judges, redacts and hashes; items
-are written with COPY into staging tables and one upsert per table (`writer.py`). SQLite
-aggregates the same way in Python (`evidence.py`).
+are written in chunks, each COPYed into a staging table and upserted by a background thread
+while Python judges the next (`writer.py`). SQLite aggregates the same way in Python
+(`evidence.py`) and upserts once at the end.
 
 Known limits: evidence is grouped by the exact stored conversation; two conversations that
 differ only in whitespace or Unicode form share a `group_key` but are judged apart, and an
-item both support belongs to whichever was compiled first. Recompiling a few prompts still
-scans the domain's events once to find theirs (there is no stored prompt key to index).
+item both support belongs to whichever was compiled first. Recompiling a few prompts finds
+their events through the interaction index, but still hashes every interaction's conversation
+and scans the events that carry their own (there is no stored prompt key to index).
 """
 
 from __future__ import annotations

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import uuid
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
@@ -18,8 +19,8 @@ from flywheel.feedback.models import FeedbackEvent
 from flywheel.signals.models import IngestRun
 from flywheel.tenancy.models import Domain
 from ingest.compile.evidence import Scope, count_events, evidence_rows, prepare
-from ingest.compile.items import Texts, prompts, stage
-from ingest.compile.rules import judge
+from ingest.compile.items import Prompt, Texts, prompts, stage
+from ingest.compile.rules import Verdicts, judge
 from ingest.compile.writer import COMPILER_VERSION, Writer
 
 # Events whose transaction commits after a compile read past them would be missed by a plain
@@ -144,22 +145,17 @@ def _compile(
     scope = Scope(tenant_id, domain_id, since=None if previous is None else previous - REVISIT)
     prepare(session, scope)
     counts = CompileCounts(events_read=count_events(session, scope))
-    writer = Writer(session, tenant_id=tenant_id, domain_id=domain_id, now=utcnow())
+    retract = previous is not None
     texts = Texts()
-    for prompt in prompts(evidence_rows(session, scope), texts):
-        verdicts = judge(prompt.evidence)
-        staged = stage(prompt, verdicts, writer, texts)
-        writer.add_group(prompt.group_key)
-        counts.groups += 1
-        counts.pairs += staged["pairs"]
-        counts.sft += staged["sft"]
-        counts.labels += staged["labels"]
-        counts.ties_dropped += prompt.evidence.ties
-        counts.conflicts += verdicts.conflicts
-        counts.conflicts_dropped += verdicts.conflicts_dropped
-        if progress is not None and counts.groups % PROGRESS_GROUPS == 0:
-            progress(PROGRESS_GROUPS)
-    written = writer.finish(retract=previous is not None)
+    now = utcnow()
+    with Writer(session, tenant_id=tenant_id, domain_id=domain_id, now=now, retract=retract) as w:
+        for prompt in prompts(evidence_rows(session, scope), texts):
+            verdicts = judge(prompt.evidence)
+            _count(counts, prompt, verdicts, stage(prompt, verdicts, w, texts))
+            w.add_group(prompt.group_key)
+            if progress is not None and counts.groups % PROGRESS_GROUPS == 0:
+                progress(PROGRESS_GROUPS)
+        written = w.finish()
     counts.inserted, counts.updated, counts.retracted = (
         written.inserted,
         written.updated,
@@ -178,6 +174,16 @@ def _compile(
         read=f"{scope.since}..{watermark}",
     )
     return DomainCompile(domain_id, name, run.id, watermark, counts)
+
+
+def _count(counts: CompileCounts, prompt: Prompt, verdicts: Verdicts, staged: Counter[str]) -> None:
+    counts.groups += 1
+    counts.pairs += staged["pairs"]
+    counts.sft += staged["sft"]
+    counts.labels += staged["labels"]
+    counts.ties_dropped += prompt.evidence.ties
+    counts.conflicts += verdicts.conflicts
+    counts.conflicts_dropped += verdicts.conflicts_dropped
 
 
 def _lock_domain(session: Session, domain_id: uuid.UUID) -> None:

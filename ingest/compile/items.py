@@ -56,7 +56,7 @@ class Texts:
             if len(self.clean) >= TEXT_CACHE_SIZE:
                 self.clean.clear()
             redaction = redact(raw)
-            normal = normalise_text(redaction.text) if redaction.counts else self.normal(raw)
+            normal = normalise(redaction.text) if redaction.counts else self.normal(raw)
             found = Clean(redaction.text, redaction.counts, normal)
             self.clean[raw] = found
         return found
@@ -67,13 +67,29 @@ class Texts:
         if found is None:
             if len(self.normals) >= TEXT_CACHE_SIZE:
                 self.normals.clear()
-            found = self.normals[raw] = normalise_text(raw)
+            found = self.normals[raw] = normalise(raw)
         return found
+
+
+def normalise(raw: str) -> str:
+    """`normalise_text`, with a shortcut for the common single-line ASCII text: NFKC leaves
+    ASCII as it is, and with no line breaks to split at only the outer strip remains."""
+    if raw.isascii() and "\n" not in raw and "\r" not in raw:
+        return raw.strip()
+    return normalise_text(raw)
 
 
 def digest(kind: str, *normalised: object) -> str:
     """`content_sha256` of parts that are already normalised."""
     return hashlib.sha256(orjson.dumps([kind, *normalised])).hexdigest()
+
+
+def item_digest(kind: str, messages_json: bytes, *normalised: object) -> str:
+    """`digest(kind, messages, *normalised)`, the messages given as their JSON (serialised
+    once per prompt rather than once per item): orjson writes a list as its items' JSON
+    between brackets, joined by commas."""
+    parts = b",".join([orjson.dumps(kind), messages_json, *map(orjson.dumps, normalised)])
+    return hashlib.sha256(b"[" + parts + b"]").hexdigest()
 
 
 @dataclass
@@ -83,6 +99,7 @@ class Prompt:
     group_key: str
     messages_json: str  # redacted, as stored
     normal_messages: list[Any]  # redacted and normalised, as hashed
+    normal_json: bytes  # the same, as JSON
     counts: Counter[str]  # placeholders in the conversation
     evidence: PromptEvidence = field(default_factory=PromptEvidence)
 
@@ -111,17 +128,20 @@ def _prompt(messages_json: str, texts: Texts) -> Prompt:
         counts.update(clean.counts)
         stored.append({**message, "content": clean.text})
         normal.append(_normal_message(message, clean.normal, texts))
-    raw_normal = normal
+    normal_json = raw_normal_json = orjson.dumps(normal)
     if counts:  # the conversation as stored differs from the one that defines the group
         messages_json = orjson.dumps(stored).decode()
-        raw_normal = [
-            _normal_message(message, texts.normal(message["content"]), texts)
-            for message in messages
-        ]
+        raw_normal_json = orjson.dumps(
+            [
+                _normal_message(message, texts.normal(message["content"]), texts)
+                for message in messages
+            ]
+        )
     return Prompt(
-        group_key=digest("prompt", raw_normal),
+        group_key=item_digest("prompt", raw_normal_json),
         messages_json=messages_json,
         normal_messages=normal,
+        normal_json=normal_json,
         counts=counts,
     )
 
@@ -169,12 +189,12 @@ def _text_key(evidence: PromptEvidence, text: str, texts: Texts) -> str:
 def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> Counter[str]:
     """Hash and stage the prompt's items; how many of each were staged."""
     staged: Counter[str] = Counter()
-    messages = prompt.normal_messages
+    messages = prompt.normal_json
     for pair in verdicts.pairs:
         chosen, rejected = texts(pair.chosen), texts(pair.rejected)
         if chosen.normal == rejected.normal:
             continue  # the two differed only in what redaction removed
-        content_sha256 = digest("pair", messages, chosen.normal, rejected.normal)
+        content_sha256 = item_digest("pair", messages, chosen.normal, rejected.normal)
         row: tuple[Any, ...] = (
             *_provenance(prompt, pair.refs, (chosen, rejected), pair.weight, content_sha256),
             prompt.messages_json,
@@ -185,7 +205,7 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
         staged["pairs"] += writer.add("preference_pairs", row)
     for example in verdicts.sft:
         completion = texts(example.completion)
-        content_sha256 = digest("sft", messages, completion.normal)
+        content_sha256 = item_digest("sft", messages, completion.normal)
         row = (
             *_provenance(prompt, example.refs, (completion,), example.weight, content_sha256),
             prompt.messages_json,
@@ -194,7 +214,7 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
         staged["sft"] += writer.add("sft_examples", row)
     for label in verdicts.labels:
         completion = texts(label.completion)
-        content_sha256 = digest("label", messages, completion.normal, label.is_desirable)
+        content_sha256 = item_digest("label", messages, completion.normal, label.is_desirable)
         row = (
             *_provenance(prompt, label.refs, (completion,), label.weight, content_sha256),
             prompt.messages_json,

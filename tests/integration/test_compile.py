@@ -23,10 +23,10 @@ from flywheel.models import (
     PreferencePair,
     SftExample,
 )
-from flywheel.signals.store import content_sha256
+from flywheel.signals.store import content_sha256, normalise_text
 from ingest.compile import COMPILER_VERSION, CompileReport, compile_feedback
 from ingest.compile.evidence import SCORE
-from ingest.compile.items import Texts, digest, prompts
+from ingest.compile.items import Texts, digest, item_digest, normalise, prompts
 from ingest.compile.rules import decay, edit_precision
 from tests.conftest import Caller, count_rows, make_caller
 
@@ -577,6 +577,41 @@ def test_only_prompts_with_new_events_are_recompiled(
     ]
 
 
+def test_a_recompile_reads_every_event_of_a_touched_prompt_however_it_names_the_prompt(
+    feedback: Feedback, sessions: sessionmaker[Session]
+) -> None:
+    """Through its interaction, with its own conversation, or as a comparison on an
+    interaction with or without a conversation of its own: a missed one would be retracted."""
+    earlier = NOW - timedelta(hours=3)
+    fee = feedback.interaction("Fee?")
+    feedback.thumbs(fee, up=False, rater="u1", at=earlier)
+    feedback.event(
+        "rating", {"thumbs": "up"}, rater="u2", at=earlier, messages=MESSAGES, response="Own."
+    )
+    feedback.compare(["Fee?", "Ask us."], 1, rater="u3", on=fee, at=earlier)
+    feedback.event(
+        "comparison",
+        {"responses": ["Free.", "Fee?"], "preferred": 0},
+        on=fee,
+        rater="u4",
+        at=earlier,
+    )
+    other = feedback.interaction("Online.", OTHER)
+    # the watermark: this prompt is revisited too (its event lies within REVISIT of it)
+    feedback.thumbs(other, up=True, rater="u1", at=NOW - timedelta(hours=1))
+    first = feedback.compile()
+    before = pairs(sessions)
+
+    feedback.thumbs(fee, up=False, rater="u5")
+    report = feedback.compile()
+
+    assert (report.totals.groups, report.totals.events_read) == (2, 5 + 1)
+    assert report.totals.retracted == 0
+    assert first.totals.pairs == len(before) == 3
+    assert [pair[:3] for pair in pairs(sessions)] == [pair[:3] for pair in before]
+    assert all(pair[3] > 0 for pair in pairs(sessions))
+
+
 # --- runs, tenants, progress -----------------------------------------------------------------
 
 
@@ -657,3 +692,14 @@ def test_hashes_from_normalised_parts_are_the_content_hashes() -> None:
     assert digest("label", prompt.normal_messages, texts(fullwidth).normal, True) == (
         content_sha256("label", messages, fullwidth, True)
     )
+    assert item_digest("label", prompt.normal_json, texts(fullwidth).normal, True) == (
+        content_sha256("label", messages, fullwidth, True)
+    )
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [" plain ascii \t", "two\nlines ", "crlf\r\n", "\x1f unit separator\x1c", "caf\u00e9 ", ""],
+)
+def test_the_normalising_shortcut_equals_normalise_text(raw: str) -> None:
+    assert normalise(raw) == normalise_text(raw)
