@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import cProfile
+import io
 import os
 import random
 import time
@@ -213,6 +214,32 @@ def export_s(url: str) -> float:
     return time.perf_counter() - started
 
 
+def write_floor_s(url: str) -> float:
+    """The least the compile's writes alone could cost: the rows it wrote, COPY-ed into empty
+    tables with the same columns and indexes (no foreign keys), committed."""
+    tables = ("preference_pairs", "sft_examples", "labeled_completions")
+    dumps: dict[str, bytes] = {}
+    with psycopg.connect(url) as connection:
+        for table in tables:
+            buffer = io.BytesIO()
+            with connection.cursor().copy(f"COPY {table} TO STDOUT") as copy:
+                for block in copy:
+                    buffer.write(block)
+            dumps[table] = buffer.getvalue()
+            connection.execute(f"CREATE TABLE floor_{table} (LIKE {table} INCLUDING ALL)")
+        connection.commit()
+        started = time.perf_counter()
+        for table in tables:
+            with connection.cursor().copy(f"COPY floor_{table} FROM STDIN") as copy:
+                copy.write(dumps[table])
+        connection.commit()
+        elapsed_s = time.perf_counter() - started
+        for table in tables:
+            connection.execute(f"DROP TABLE floor_{table}")
+        connection.commit()
+    return elapsed_s
+
+
 def late_rows(
     mix: Mix, tenant_id: uuid.UUID, domain_id: uuid.UUID, count: int
 ) -> Iterator[tuple[Any, ...]]:
@@ -346,6 +373,7 @@ def main() -> None:
                 profiler.disable()
                 profiler.dump_stats(args.profile)
 
+        floor_s = write_floor_s(plain_url)
         add_late(plain_url, mix, *ids, args.late)
         started = time.perf_counter()
         late = compile_feedback(sessions, tenant_id=ids[0], domain_id=ids[1])
@@ -361,8 +389,10 @@ def main() -> None:
         print(f"{'step':<48}{'seconds':>10}")
         print(f"{'COPY feedback_events TO STDOUT (best)':<48}{copy_s:>10.2f}")
         print(f"{'compile_feedback (first, full)':<48}{compile_s:>10.2f}")
+        print(f"{'  floor: COPY its output into indexed tables':<48}{floor_s:>10.2f}")
         print(f"{'compile_feedback (after new events)':<48}{late_s:>10.2f}")
         print(f"ratio compile/COPY: {compile_s / copy_s:.2f}  (goal <= 2)")
+        print(f"ratio (write floor + export)/export: {(floor_s + copy_s) / copy_s:.2f}")
     finally:
         if args.keep:
             print(f"kept {database_url}")
