@@ -1,6 +1,6 @@
 """Every table, in one import: what Alembic and the schema tests see."""
 
-from flywheel.datasets.models import DatasetMember, DatasetVersion
+from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.db import Base
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
@@ -16,6 +16,7 @@ from flywheel.tenancy.models import ApiKey, Domain, Tenant
 __all__ = [
     "ApiKey",
     "Base",
+    "DatasetGroup",
     "DatasetMember",
     "DatasetVersion",
     "Domain",

@@ -6,10 +6,18 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, String, UniqueConstraint
+from sqlalchemy import CheckConstraint, Float, ForeignKey, Index, String, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flywheel.db import Base, IdMixin, JsonType
+
+# The item a member holds: exactly one of these columns is set.
+ITEM_COLUMNS = (
+    "sft_example_id",
+    "preference_pair_id",
+    "verifiable_task_id",
+    "labeled_completion_id",
+)
 
 
 class DatasetVersion(IdMixin, Base):
@@ -32,6 +40,9 @@ class DatasetVersion(IdMixin, Base):
     parent_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("dataset_versions.id", ondelete="RESTRICT")
     )
+    eval_sha256: Mapped[str | None] = mapped_column(
+        String(64), doc="The eval split's own content hash: eval sets are versioned too."
+    )
     tainted_at: Mapped[datetime | None] = mapped_column(
         default=None, doc="Set when data it used was deleted (forget): retrain from a new one."
     )
@@ -44,9 +55,8 @@ class DatasetMember(Base):
     __table_args__ = (
         CheckConstraint("split IN ('train', 'eval')", name="split"),
         CheckConstraint(
-            "(CASE WHEN sft_example_id IS NULL THEN 0 ELSE 1 END)"
-            " + (CASE WHEN preference_pair_id IS NULL THEN 0 ELSE 1 END)"
-            " + (CASE WHEN verifiable_task_id IS NULL THEN 0 ELSE 1 END) = 1",
+            " + ".join(f"(CASE WHEN {column} IS NULL THEN 0 ELSE 1 END)" for column in ITEM_COLUMNS)
+            + " = 1",
             name="exactly_one_item",
         ),
         Index(None, "dataset_version_id", "split"),
@@ -66,4 +76,34 @@ class DatasetMember(Base):
     )
     verifiable_task_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("verifiable_tasks.id", ondelete="CASCADE")
+    )
+    labeled_completion_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("labeled_completions.id", ondelete="CASCADE")
+    )
+    weight: Mapped[float | None] = mapped_column(
+        Float, doc="The item's weight when the version was built (items may be retracted later)."
+    )
+    position: Mapped[int | None] = mapped_column(
+        doc="Order within the split (the curriculum): training reads items in this order."
+    )
+
+
+class DatasetGroup(IdMixin, Base):
+    """Which split a group of a domain belongs to: decided once, at its first build, forever.
+
+    A group that was ever in eval never enters train, and a trained-on group never becomes
+    evaluation data (see flywheel.datasets.split).
+    """
+
+    __tablename__ = "dataset_groups"
+    __table_args__ = (
+        UniqueConstraint("domain_id", "group_key"),
+        CheckConstraint("split IN ('train', 'eval')", name="split"),
+    )
+
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    group_key: Mapped[str] = mapped_column(String(255))
+    split: Mapped[str] = mapped_column(String(8))
+    first_version_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("dataset_versions.id", ondelete="SET NULL")
     )
