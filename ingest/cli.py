@@ -19,12 +19,17 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.cli.common import JsonOption, database_sessions, emit
+from flywheel.cli.common import (
+    JsonOption,
+    database_sessions,
+    emit,
+    resolve_domain_id,
+    resolve_tenant_id,
+)
 from flywheel.db import unit_of_work
-from flywheel.errors import InvalidInput, NotFound
+from flywheel.errors import InvalidInput
 from flywheel.signals import verification
 from flywheel.signals.dedup import link_near_duplicates
-from flywheel.tenancy import service as tenancy
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import Ingestor
 from ingest.runner import RunResult, run_ingest
@@ -140,8 +145,8 @@ def compile_feedback(
 
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
-            tenant_id = _tenant_id(session, tenant)
-            domain_id = None if domain is None else _domain_id(session, tenant_id, domain)
+            tenant_id = resolve_tenant_id(session, tenant)
+            domain_id = None if domain is None else resolve_domain_id(session, tenant_id, domain)
         with _progress("compiling prompts", as_json) as advance:
             report = compile_events(
                 sessions, tenant_id=tenant_id, domain_id=domain_id, progress=advance
@@ -207,32 +212,9 @@ def _domain(
 ) -> Iterator[tuple[sessionmaker[Session], uuid.UUID, uuid.UUID]]:
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
-            tenant_id = _tenant_id(session, tenant)
-            domain_id = _domain_id(session, tenant_id, domain)
+            tenant_id = resolve_tenant_id(session, tenant)
+            domain_id = resolve_domain_id(session, tenant_id, domain)
         yield sessions, tenant_id, domain_id
-
-
-def _tenant_id(session: Session, tenant: str | None) -> uuid.UUID:
-    if tenant is not None:
-        return tenancy.get_tenant(session=session, name=tenant).id
-    tenants = tenancy.list_tenants(session=session)
-    if len(tenants) != 1:
-        raise InvalidInput(
-            "no tenant yet: create one with `flywheel tenants create`"
-            if not tenants
-            else f"{len(tenants)} tenants exist: say which with --tenant"
-        )
-    return tenants[0].id
-
-
-def _domain_id(session: Session, tenant_id: uuid.UUID, domain: str) -> uuid.UUID:
-    domain_id = tenancy.find_domain_id(session=session, tenant_id=tenant_id, name=domain)
-    if domain_id is None:
-        raise NotFound(
-            f"domain {domain!r} not found: "
-            f"create it with `flywheel domains create {domain} --tenant ...`"
-        )
-    return domain_id
 
 
 @contextmanager

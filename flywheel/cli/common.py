@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -13,8 +14,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel import migrate
 from flywheel.db import make_engine, make_session_factory, unit_of_work
-from flywheel.errors import InvalidState
+from flywheel.errors import InvalidInput, InvalidState, NotFound
 from flywheel.settings import Settings
+from flywheel.tenancy import service as tenancy
 
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON.")
 
@@ -54,3 +56,27 @@ def emit(data: Any, *, as_json: bool, text: str) -> None:
         sys.stdout.write(json.dumps(data, default=str, indent=2) + "\n")
     else:
         sys.stdout.write(text + "\n")
+
+
+def resolve_tenant_id(session: Session, tenant: str | None) -> uuid.UUID:
+    """The named tenant, or the only one there is."""
+    if tenant is not None:
+        return tenancy.get_tenant(session=session, name=tenant).id
+    tenants = tenancy.list_tenants(session=session)
+    if len(tenants) != 1:
+        raise InvalidInput(
+            "no tenant yet: create one with `flywheel tenants create`"
+            if not tenants
+            else f"{len(tenants)} tenants exist: say which with --tenant"
+        )
+    return tenants[0].id
+
+
+def resolve_domain_id(session: Session, tenant_id: uuid.UUID, domain: str) -> uuid.UUID:
+    domain_id = tenancy.find_domain_id(session=session, tenant_id=tenant_id, name=domain)
+    if domain_id is None:
+        raise NotFound(
+            f"domain {domain!r} not found: "
+            f"create it with `flywheel domains create {domain} --tenant ...`"
+        )
+    return domain_id

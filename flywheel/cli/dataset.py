@@ -1,0 +1,91 @@
+"""`flywheel dataset build|list`: immutable, versioned training sets per domain."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import typer
+from sqlalchemy import select
+
+from flywheel.cli.common import (
+    JsonOption,
+    database_session,
+    emit,
+    resolve_domain_id,
+    resolve_tenant_id,
+)
+from flywheel.datasets.models import DatasetVersion
+from flywheel.datasets.service import Recipe, build_dataset_version
+
+dataset = typer.Typer(help="Build and list dataset versions.", no_args_is_help=True)
+
+DomainOption = typer.Option(..., "--domain", help="The domain.")
+TenantOption = typer.Option(None, "--tenant", help="The tenant (when there is more than one).")
+DEFAULTS = Recipe()
+
+
+@dataset.command("build")
+def build(
+    domain: str = DomainOption,
+    tenant: str | None = TenantOption,
+    eval_fraction: float = typer.Option(DEFAULTS.eval_fraction, help="Share of new groups."),
+    replay_fraction: float = typer.Option(
+        DEFAULTS.replay_fraction, help="Share of earlier train items trained on again."
+    ),
+    ngram: int = typer.Option(DEFAULTS.ngram, help="Decontamination n-gram length (words)."),
+    curriculum: str = typer.Option(DEFAULTS.curriculum, help="easy_first or none."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Build the domain's next version from its eligible signal (or say nothing changed)."""
+    recipe = Recipe(
+        eval_fraction=eval_fraction,
+        replay_fraction=replay_fraction,
+        ngram=ngram,
+        curriculum=curriculum,
+    )
+    with database_session() as session:
+        tenant_id = resolve_tenant_id(session, tenant)
+        domain_id = resolve_domain_id(session, tenant_id, domain)
+        built = build_dataset_version(
+            session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
+        )
+        data = _version_json(built.version, domain) | {"is_new": built.is_new}
+    verb = "built" if built.is_new else "nothing new since"
+    emit(data, as_json=as_json, text=f"{verb} {domain} v{data['version']}: {data['stats']}")
+
+
+@dataset.command("list")
+def list_versions(
+    domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
+) -> None:
+    """The domain's versions, newest first."""
+    with database_session() as session:
+        tenant_id = resolve_tenant_id(session, tenant)
+        domain_id = resolve_domain_id(session, tenant_id, domain)
+        versions = session.scalars(
+            select(DatasetVersion)
+            .where(DatasetVersion.domain_id == domain_id)
+            .order_by(DatasetVersion.version.desc())
+        ).all()
+        data = [_version_json(version, domain) for version in versions]
+    lines = [
+        f"v{item['version']}  {item['manifest_sha256'][:12]}  {item['created_at']}"
+        + ("  TAINTED" if item["tainted_at"] else "")
+        for item in data
+    ]
+    emit(data, as_json=as_json, text="\n".join(lines) or "(no versions)")
+
+
+def _version_json(version: DatasetVersion, domain: str) -> dict[str, Any]:
+    return {
+        "id": str(version.id),
+        "domain": domain,
+        "version": version.version,
+        "manifest_sha256": version.manifest_sha256,
+        "eval_sha256": version.eval_sha256,
+        "recipe": version.recipe,
+        "stats": version.stats,
+        "parent_id": str(version.parent_id) if version.parent_id else None,
+        "created_at": version.created_at.isoformat(),
+        "tainted_at": version.tainted_at.isoformat() if version.tainted_at else None,
+    }

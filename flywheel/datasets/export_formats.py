@@ -1,0 +1,247 @@
+"""The three export formats: which files each writes, and the JSON row each record becomes.
+
+`trl` (one file per trainer, TRL's conversational dataset types; extra columns ride along):
+
+    {split}/sft.jsonl   {"messages": prompt + [assistant completion], "weight"}
+    {split}/dpo.jsonl   {"prompt": messages, "chosen": [assistant], "rejected": [assistant],
+                         "weight"}
+    {split}/kto.jsonl   {"prompt": messages, "completion": [assistant], "label": bool, "weight"}
+    {split}/grpo.jsonl  {"prompt": [user task prompt], "task_id", "task_kind", "entry_point",
+                         "tests", "answer", "difficulty"}
+
+  GRPO hands every column but `prompt` to the reward functions as keyword lists, so `tests`
+  (visible then hidden, as the verifier joins them) and `entry_point` reach
+  `flywheel.sandbox.rewards.CodeReward` and never the policy. The reference solution is not
+  exported: GRPO learns from the reward, and a solution column is one bug away from a prompt.
+
+`openai` (OpenAI fine-tuning JSONL; only the fields OpenAI accepts):
+
+    {split}/chat.jsonl        {"messages": prompt + [assistant]}       supervised
+    {split}/preference.jsonl  {"input": {"messages": prompt},
+                               "preferred_output": [assistant], "non_preferred_output": [assistant]}
+
+  Tasks join chat.jsonl as user prompt + reference solution, and only when a reference
+  exists (the others are counted as skipped). KTO labels have no OpenAI format and are not
+  read (reported as omitted). OpenAI's per-message `weight` is a 0/1 train mask, not a sample
+  weight, so item weights are dropped; tool turns are refused (OpenAI wants a tool_call_id
+  Flywheel does not keep). Use `train` for the training file and `eval` for validation.
+
+`jsonl` (Flywheel's own full records, every field, hidden tests in their own field):
+
+    {split}/sft.jsonl  {split}/pairs.jsonl  {split}/labels.jsonl  {split}/tasks.jsonl
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Generic, Literal, TypeVar
+
+from flywheel.datasets.export_records import (
+    Kind,
+    LabelRecord,
+    PairRecord,
+    SftRecord,
+    TaskRecord,
+    assistant_turn,
+    check_task,
+    checked_prompt,
+    checked_text,
+    checked_weight,
+    refuse,
+    task_tests,
+)
+
+Format = Literal["trl", "openai", "jsonl"]
+FORMATS: tuple[Format, ...] = ("trl", "openai", "jsonl")
+Row = dict[str, Any]
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Source(Generic[R]):
+    """Where a file's rows come from: one kind's stream, each record built into a row
+    (or None: not representable in this format, counted as skipped)."""
+
+    kind: Kind
+    record_type: type[R]
+    build: Callable[[R], Row | None]
+
+
+@dataclass(frozen=True)
+class FileSpec:
+    name: str
+    sources: tuple[Source[Any], ...]
+
+
+# --- trl -----------------------------------------------------------------------------------
+
+
+def trl_sft(record: SftRecord) -> Row:
+    prompt = checked_prompt(record.messages, record.item_id)
+    completion = assistant_turn(record.completion, "completion", record.item_id)
+    return {
+        "messages": prompt + completion,
+        "weight": checked_weight(record.weight, record.item_id),
+    }
+
+
+def trl_dpo(record: PairRecord) -> Row:
+    item_id = record.item_id
+    if record.chosen == record.rejected:
+        raise refuse(item_id, "chosen and rejected are the same text; the pair teaches nothing")
+    return {
+        "prompt": checked_prompt(record.messages, item_id),
+        "chosen": assistant_turn(record.chosen, "chosen", item_id),
+        "rejected": assistant_turn(record.rejected, "rejected", item_id),
+        "weight": checked_weight(record.weight, item_id),
+    }
+
+
+def trl_kto(record: LabelRecord) -> Row:
+    item_id = record.item_id
+    if not isinstance(record.is_desirable, bool):
+        raise refuse(item_id, f"is_desirable must be a bool, got {record.is_desirable!r}")
+    return {
+        "prompt": checked_prompt(record.messages, item_id),
+        "completion": assistant_turn(record.completion, "completion", item_id),
+        "label": record.is_desirable,
+        "weight": checked_weight(record.weight, item_id),
+    }
+
+
+def trl_grpo(record: TaskRecord) -> Row:
+    check_task(record)
+    tests = task_tests(record)
+    if record.task_kind == "code" and not (tests and record.entry_point):
+        raise refuse(record.item_id, "a code task needs tests and an entry point to be rewarded")
+    if record.task_kind == "answer" and not (record.answer and record.answer.strip()):
+        raise refuse(record.item_id, "an answer task needs its answer to be rewarded")
+    return {
+        "prompt": [{"role": "user", "content": record.prompt}],
+        "task_id": record.item_id,
+        "task_kind": record.task_kind,
+        "entry_point": record.entry_point,
+        "tests": tests,
+        "answer": record.answer,
+        "difficulty": record.difficulty,
+    }
+
+
+# --- openai --------------------------------------------------------------------------------
+
+
+def _openai_prompt(messages: object, item_id: str) -> list[dict[str, str]]:
+    prompt = checked_prompt(messages, item_id)
+    if any(message["role"] == "tool" for message in prompt):
+        raise refuse(item_id, "OpenAI needs a tool_call_id on tool turns, which Flywheel lacks")
+    return prompt
+
+
+def openai_chat_sft(record: SftRecord) -> Row:
+    prompt = _openai_prompt(record.messages, record.item_id)
+    return {"messages": prompt + assistant_turn(record.completion, "completion", record.item_id)}
+
+
+def openai_chat_task(record: TaskRecord) -> Row | None:
+    check_task(record)
+    reference = record.reference_solution
+    if not (reference and reference.strip()):
+        return None
+    return {
+        "messages": [
+            {"role": "user", "content": record.prompt},
+            {"role": "assistant", "content": reference},
+        ]
+    }
+
+
+def openai_preference(record: PairRecord) -> Row:
+    trl_dpo(record)  # the same checks; OpenAI wants the same pair in its own shape
+    return {
+        "input": {"messages": _openai_prompt(record.messages, record.item_id)},
+        "preferred_output": assistant_turn(record.chosen, "chosen", record.item_id),
+        "non_preferred_output": assistant_turn(record.rejected, "rejected", record.item_id),
+    }
+
+
+# --- jsonl (full records) ------------------------------------------------------------------
+
+
+def full_sft(record: SftRecord) -> Row:
+    row = trl_sft(record)
+    return {
+        "item_id": record.item_id,
+        "group_key": record.group_key,
+        "messages": row["messages"][:-1],
+        "completion": record.completion,
+        "weight": row["weight"],
+    }
+
+
+def full_pair(record: PairRecord) -> Row:
+    row = trl_dpo(record)
+    return {
+        "item_id": record.item_id,
+        "group_key": record.group_key,
+        "messages": row["prompt"],
+        "chosen": record.chosen,
+        "rejected": record.rejected,
+        "weight": row["weight"],
+        "why": record.why,
+    }
+
+
+def full_label(record: LabelRecord) -> Row:
+    row = trl_kto(record)
+    return {
+        "item_id": record.item_id,
+        "group_key": record.group_key,
+        "messages": row["prompt"],
+        "completion": record.completion,
+        "is_desirable": record.is_desirable,
+        "weight": row["weight"],
+        "why": record.why,
+    }
+
+
+def full_task(record: TaskRecord) -> Row:
+    check_task(record)
+    return {
+        "item_id": record.item_id,
+        "group_key": record.group_key,
+        "task_kind": record.task_kind,
+        "prompt": checked_text(record.prompt, "prompt", record.item_id),
+        "entry_point": record.entry_point,
+        "visible_tests": record.visible_tests,
+        "hidden_tests": record.hidden_tests,
+        "reference_solution": record.reference_solution,
+        "answer": record.answer,
+        "difficulty": record.difficulty,
+    }
+
+
+LAYOUTS: dict[Format, tuple[FileSpec, ...]] = {
+    "trl": (
+        FileSpec("sft.jsonl", (Source("sft", SftRecord, trl_sft),)),
+        FileSpec("dpo.jsonl", (Source("pairs", PairRecord, trl_dpo),)),
+        FileSpec("kto.jsonl", (Source("labels", LabelRecord, trl_kto),)),
+        FileSpec("grpo.jsonl", (Source("tasks", TaskRecord, trl_grpo),)),
+    ),
+    "openai": (
+        FileSpec(
+            "chat.jsonl",
+            (
+                Source("sft", SftRecord, openai_chat_sft),
+                Source("tasks", TaskRecord, openai_chat_task),
+            ),
+        ),
+        FileSpec("preference.jsonl", (Source("pairs", PairRecord, openai_preference),)),
+    ),
+    "jsonl": (
+        FileSpec("sft.jsonl", (Source("sft", SftRecord, full_sft),)),
+        FileSpec("pairs.jsonl", (Source("pairs", PairRecord, full_pair),)),
+        FileSpec("labels.jsonl", (Source("labels", LabelRecord, full_label),)),
+        FileSpec("tasks.jsonl", (Source("tasks", TaskRecord, full_task),)),
+    ),
+}

@@ -1,0 +1,372 @@
+"""Building immutable dataset versions: eligible signal, group-aware split, decontamination,
+curriculum order and a manifest hash that is the same for the same inputs and recipe.
+
+What a version holds:
+- eval: every item of an eval group (flywheel.datasets.split) that is eligible now, plus every
+  item any earlier version held in eval (the eval set is append-only and frozen);
+- train: eligible items of train groups that no earlier version held (new), plus a replay
+  share of those it did (so adapters do not forget), minus what overlaps the eval set (13-gram
+  overlap or near-duplicate: flywheel.datasets.decontamination), counted in the stats.
+Eligible: weight > 0 (retracted items are out), not a near-duplicate of another item, and for
+code tasks a verifier status of usable.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections import Counter
+from collections.abc import Iterable, Iterator
+from dataclasses import asdict, dataclass, field
+from typing import Any, cast
+
+from sqlalchemy import Table, and_, or_, select, text
+from sqlalchemy.orm import Session
+
+from flywheel.bulk import insert_ignoring_conflicts
+from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
+from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
+from flywheel.datasets.split import Split, assign_groups
+from flywheel.db import utcnow
+from flywheel.errors import InvalidInput
+from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
+
+MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """How a version is built: recorded in it, so the same recipe on the same signal gives
+    the same version (and manifest hash)."""
+
+    eval_fraction: float = 0.1
+    replay_fraction: float = 0.25
+    ngram: int = 13
+    near_duplicate_threshold: float = 0.85
+    curriculum: str = "easy_first"  # tasks by verifier pass rate, highest first; or "none"
+
+    def check(self) -> None:
+        if not 0 <= self.eval_fraction < 1:
+            raise InvalidInput(f"eval fraction must be in [0, 1), not {self.eval_fraction}")
+        if not 0 <= self.replay_fraction <= 1:
+            raise InvalidInput(f"replay fraction must be in [0, 1], not {self.replay_fraction}")
+        if self.ngram < 1:
+            raise InvalidInput(f"the n-gram length must be at least 1, not {self.ngram}")
+        if self.curriculum not in ("easy_first", "none"):
+            raise InvalidInput(f"curriculum must be easy_first or none, not {self.curriculum!r}")
+
+
+@dataclass(frozen=True)
+class ItemKind:
+    """One signal table as a source of dataset items."""
+
+    name: str  # "sft", "pair", "label", "task"
+    model: type[SftExample] | type[PreferencePair] | type[LabeledCompletion] | type[VerifiableTask]
+    member_column: str
+
+
+KINDS = (
+    ItemKind("sft", SftExample, "sft_example_id"),
+    ItemKind("pair", PreferencePair, "preference_pair_id"),
+    ItemKind("label", LabeledCompletion, "labeled_completion_id"),
+    ItemKind("task", VerifiableTask, "verifiable_task_id"),
+)
+KIND_BY_COLUMN = {kind.member_column: kind for kind in KINDS}
+
+
+@dataclass
+class Item:
+    kind: str
+    id: uuid.UUID
+    group_key: str
+    content_sha256: str
+    weight: float
+    text: str
+    minhash: bytes | None
+    difficulty: float | None = None
+
+
+@dataclass
+class Built:
+    """The outcome of a build: the version, and whether it is new (False: nothing changed
+    since the latest version, which is returned)."""
+
+    version: DatasetVersion
+    is_new: bool
+    stats: dict[str, Any] = field(default_factory=dict)
+
+
+def build_dataset_version(
+    *, session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: Recipe
+) -> Built:
+    """Build the domain's next version (or find that nothing changed)."""
+    recipe.check()
+    _lock_domain(session, domain_id)
+    parent = latest_version(session=session, domain_id=domain_id)
+    history = _History.load(session, domain_id)
+    eligible = list(_eligible_items(session, domain_id))
+    splits = _assign(session, domain_id, recipe, history, eligible)
+    number = (parent.version + 1) if parent else 1
+    evaluation, train, stats = _choose(eligible, splits, history, recipe, number)
+    if parent is not None and not stats["new"] and not stats["new_eval"]:
+        return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
+    train, contaminated = _decontaminate(train, evaluation, recipe)
+    stats["contaminated"] = dict(contaminated)
+    ordered = {"eval": _ordered(evaluation, "none"), "train": _ordered(train, recipe.curriculum)}
+    manifest, eval_sha256 = _manifest(ordered, recipe)
+    if parent is not None and parent.manifest_sha256 == manifest:
+        return Built(parent, is_new=False, stats=parent.stats)
+    stats |= _split_counts(ordered)
+    version = DatasetVersion(
+        tenant_id=tenant_id,
+        domain_id=domain_id,
+        version=number,
+        manifest_sha256=manifest,
+        eval_sha256=eval_sha256,
+        recipe=asdict(recipe),
+        stats=stats,
+        parent_id=parent.id if parent else None,
+    )
+    session.add(version)
+    session.flush()
+    _record_groups(session, domain_id, splits.new, version.id)
+    _insert_members(session, version.id, ordered)
+    return Built(version, is_new=True, stats=stats)
+
+
+def latest_version(*, session: Session, domain_id: uuid.UUID) -> DatasetVersion | None:
+    return session.scalars(
+        select(DatasetVersion)
+        .where(DatasetVersion.domain_id == domain_id)
+        .order_by(DatasetVersion.version.desc())
+        .limit(1)
+    ).first()
+
+
+def _lock_domain(session: Session, domain_id: uuid.UUID) -> None:
+    """Builds of a domain take turns (version numbers and group assignments)."""
+    if session.get_bind().dialect.name == "postgresql":
+        key = int.from_bytes(hashlib.sha256(f"dataset:{domain_id}".encode()).digest()[:8], "big")
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key - 2**63})
+
+
+@dataclass
+class _History:
+    """What earlier versions of the domain held: every item, and the eval ones."""
+
+    seen: set[tuple[str, uuid.UUID]]
+    evaluated: set[tuple[str, uuid.UUID]]
+
+    @classmethod
+    def load(cls, session: Session, domain_id: uuid.UUID) -> _History:
+        columns = [MEMBERS.c[kind.member_column] for kind in KINDS]
+        rows = session.execute(
+            select(MEMBERS.c.split, *columns)
+            .join(DatasetVersion, DatasetVersion.id == MEMBERS.c.dataset_version_id)
+            .where(DatasetVersion.domain_id == domain_id)
+        )
+        seen, evaluated = set(), set()
+        for split, *ids in rows:
+            kind, item_id = next(
+                (kind.name, item_id) for kind, item_id in zip(KINDS, ids, strict=True) if item_id
+            )
+            seen.add((kind, item_id))
+            if split == "eval":
+                evaluated.add((kind, item_id))
+        return cls(seen, evaluated)
+
+
+def _eligible_items(session: Session, domain_id: uuid.UUID) -> Iterator[Item]:
+    for kind in KINDS:
+        model = kind.model
+        query = select(model).where(
+            model.domain_id == domain_id, model.weight > 0, model.duplicate_of_id.is_(None)
+        )
+        if model is VerifiableTask:
+            query = query.where(
+                or_(
+                    VerifiableTask.task_kind == "answer",
+                    and_(
+                        VerifiableTask.task_kind == "code",
+                        VerifiableTask.verifier_status == "usable",
+                    ),
+                )
+            )
+        rows: Iterable[Any] = session.scalars(query.execution_options(yield_per=2_000))
+        for row in rows:
+            yield Item(
+                kind=kind.name,
+                id=row.id,
+                group_key=row.group_key,
+                content_sha256=row.content_sha256,
+                weight=row.weight,
+                text=_text_of(row),
+                minhash=row.minhash,
+                difficulty=getattr(row, "difficulty", None),
+            )
+
+
+def _text_of(row: Any) -> str:
+    """The text decontamination compares: what a model would read or write."""
+    if isinstance(row, VerifiableTask):
+        return row.prompt
+    prompt = "\n".join(str(message.get("content", "")) for message in row.messages)
+    if isinstance(row, PreferencePair):
+        return f"{prompt}\n{row.chosen}\n{row.rejected}"
+    return f"{prompt}\n{row.completion}"
+
+
+@dataclass
+class _Splits:
+    assigned: dict[str, Split]
+    new: dict[str, Split]
+
+    def of(self, group_key: str) -> Split:
+        return self.new.get(group_key) or self.assigned[group_key]
+
+
+def _assign(
+    session: Session,
+    domain_id: uuid.UUID,
+    recipe: Recipe,
+    history: _History,
+    eligible: list[Item],
+) -> _Splits:
+    assigned: dict[str, Split] = {
+        group_key: cast(Split, split)
+        for group_key, split in session.execute(
+            select(DatasetGroup.group_key, DatasetGroup.split).where(
+                DatasetGroup.domain_id == domain_id
+            )
+        )
+    }
+    new = assign_groups(
+        domain_id, assigned, (item.group_key for item in eligible), recipe.eval_fraction
+    )
+    return _Splits(assigned, new)
+
+
+def _choose(
+    eligible: list[Item], splits: _Splits, history: _History, recipe: Recipe, number: int
+) -> tuple[list[Item], list[Item], dict[str, Any]]:
+    evaluation: list[Item] = []
+    train: list[Item] = []
+    counts: Counter[str] = Counter()
+    for item in eligible:
+        key = (item.kind, item.id)
+        if splits.of(item.group_key) == "eval" or key in history.evaluated:
+            evaluation.append(item)
+            counts["new_eval"] += key not in history.evaluated
+        elif key not in history.seen:
+            train.append(item)
+            counts["new"] += 1
+        elif _replayed(item, recipe.replay_fraction, number):
+            train.append(item)
+            counts["replayed"] += 1
+    names = ("new", "new_eval", "replayed")
+    return evaluation, train, {name: counts[name] for name in names}
+
+
+def _replayed(item: Item, fraction: float, number: int) -> bool:
+    """A deterministic sample of old items, drawn afresh for each version number."""
+    digest = hashlib.sha256(f"{number}\n{item.content_sha256}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def _decontaminate(
+    train: list[Item], evaluation: list[Item], recipe: Recipe
+) -> tuple[list[Item], Counter[str]]:
+    """Drop train items that overlap the eval set; the reasons, counted. Both sides are
+    signed from the same one-field text (stored signatures differ per table)."""
+    config = DecontaminationConfig(
+        ngram_words=recipe.ngram, near_duplicate_threshold=recipe.near_duplicate_threshold
+    )
+    index = EvalIndex.build(((item.text, None) for item in evaluation), config)
+    dropped = dict(
+        index.contaminated((position, item.text, None) for position, item in enumerate(train))
+    )
+    kept = [item for position, item in enumerate(train) if position not in dropped]
+    return kept, Counter(dropped.values())
+
+
+def _ordered(items: list[Item], curriculum: str) -> list[Item]:
+    """Tasks easy first (highest pass rate; unknown difficulty last) when asked, then
+    everything else; ties broken by content hash, so the order is reproducible."""
+    if curriculum == "easy_first":
+        return sorted(items, key=lambda item: (_ease(item), item.kind, item.content_sha256))
+    return sorted(items, key=lambda item: (item.kind, item.content_sha256))
+
+
+def _ease(item: Item) -> float:
+    if item.kind != "task":
+        return 2.0
+    return -item.difficulty if item.difficulty is not None else 1.0
+
+
+def _manifest(ordered: dict[str, list[Item]], recipe: Recipe) -> tuple[str, str]:
+    """The version's hash (recipe and every item, in order) and its eval split's hash."""
+    eval_hash = _hash_lines(_lines("eval", ordered["eval"]))
+    everything = [json.dumps(asdict(recipe), sort_keys=True)]
+    everything += [*_lines("eval", ordered["eval"]), *_lines("train", ordered["train"])]
+    return _hash_lines(everything), eval_hash
+
+
+def _lines(split: str, items: Iterable[Item]) -> list[str]:
+    return [f"{split}\t{item.kind}\t{item.content_sha256}\t{item.weight:.9g}" for item in items]
+
+
+def _hash_lines(lines: Iterable[str]) -> str:
+    digest = hashlib.sha256()
+    for line in lines:
+        digest.update(line.encode() + b"\n")
+    return digest.hexdigest()
+
+
+def _split_counts(ordered: dict[str, list[Item]]) -> dict[str, Any]:
+    return {
+        split: dict(Counter(item.kind for item in items)) for split, items in ordered.items()
+    } | {
+        "groups": {
+            split: len({item.group_key for item in items}) for split, items in ordered.items()
+        }
+    }
+
+
+def _record_groups(
+    session: Session, domain_id: uuid.UUID, new: dict[str, Split], version_id: uuid.UUID
+) -> None:
+    rows = [
+        {
+            "id": uuid.uuid4(),
+            "created_at": utcnow(),
+            "domain_id": domain_id,
+            "group_key": group_key,
+            "split": split,
+            "first_version_id": version_id,
+        }
+        for group_key, split in sorted(new.items())
+    ]
+    insert_ignoring_conflicts(session, DatasetGroup.__table__, rows)  # type: ignore[arg-type]
+
+
+def _insert_members(
+    session: Session, version_id: uuid.UUID, ordered: dict[str, list[Item]]
+) -> None:
+    columns = {kind.member_column: None for kind in KINDS}
+    kinds = {kind.name: kind for kind in KINDS}
+    rows = [
+        {
+            "id": uuid.uuid4(),
+            "dataset_version_id": version_id,
+            "split": split,
+            "group_key": item.group_key,
+            **columns,
+            kinds[item.kind].member_column: item.id,
+            "weight": item.weight,
+            "position": position,
+        }
+        for split, items in ordered.items()
+        for position, item in enumerate(items)
+    ]
+    insert_ignoring_conflicts(session, MEMBERS, rows)

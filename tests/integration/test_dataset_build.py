@@ -1,0 +1,242 @@
+"""Dataset versions on a real database: eligibility, group-aware split, once eval always eval
+across versions, replay, decontamination, and a manifest hash that only the inputs move."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.datasets.models import ITEM_COLUMNS, DatasetMember
+from flywheel.datasets.service import Built, Recipe, build_dataset_version
+from flywheel.datasets.split import hashed_split
+from flywheel.db import unit_of_work
+from flywheel.models import Domain, PreferencePair, SftExample, VerifiableTask
+from flywheel.signals.candidates import (
+    Candidate,
+    PairCandidate,
+    Provenance,
+    SftCandidate,
+    TaskCandidate,
+)
+from flywheel.signals.store import store_candidates
+from tests.conftest import Caller, run_cli
+
+RECIPE = Recipe(eval_fraction=0.3, replay_fraction=0.0)
+EVAL_TEXT = (
+    "please reset the billing address on my account because the invoice shows the old "
+    "street and my accountant needs the corrected document before the end of the month"
+)
+WORDS = EVAL_TEXT.split()
+
+
+def domain_of(sessions: sessionmaker[Session], caller: Caller) -> uuid.UUID:
+    with sessions() as session:
+        return session.scalars(select(Domain.id).where(Domain.tenant_id == caller.tenant_id)).one()
+
+
+def groups_in(split: str, domain_id: uuid.UUID, count: int, prefix: str = "g") -> Iterator[str]:
+    """Group keys the hash places in `split` (with RECIPE's eval fraction)."""
+    number = 0
+    found = 0
+    while found < count:
+        key = f"{prefix}-{number}"
+        number += 1
+        if hashed_split(domain_id, key, RECIPE.eval_fraction) == split:
+            found += 1
+            yield key
+
+
+def sft(group: str, text: str) -> SftCandidate:
+    return SftCandidate(
+        Provenance("ticket", group, group), [{"role": "user", "content": text}], f"answer {text}"
+    )
+
+
+def store(sessions: sessionmaker[Session], caller: Caller, candidates: list[Candidate]) -> None:
+    with unit_of_work(sessions) as session:
+        store_candidates(
+            session=session,
+            tenant_id=caller.tenant_id,
+            domain_id=domain_of(sessions, caller),
+            candidates=candidates,
+            ingestor_version="test",
+        )
+
+
+def build(sessions: sessionmaker[Session], caller: Caller, recipe: Recipe = RECIPE) -> Built:
+    with unit_of_work(sessions) as session:
+        return build_dataset_version(
+            session=session,
+            tenant_id=caller.tenant_id,
+            domain_id=domain_of(sessions, caller),
+            recipe=recipe,
+        )
+
+
+def members(sessions: sessionmaker[Session], version_id: uuid.UUID) -> dict[str, set[uuid.UUID]]:
+    with sessions() as session:
+        rows = session.scalars(
+            select(DatasetMember).where(DatasetMember.dataset_version_id == version_id)
+        ).all()
+    splits: dict[str, set[uuid.UUID]] = {"train": set(), "eval": set()}
+    for row in rows:
+        (item_id,) = [getattr(row, column) for column in ITEM_COLUMNS if getattr(row, column)]
+        splits[row.split].add(item_id)
+    return splits
+
+
+def ids_of(sessions: sessionmaker[Session], group_keys: set[str]) -> set[uuid.UUID]:
+    with sessions() as session:
+        return set(
+            session.scalars(select(SftExample.id).where(SftExample.group_key.in_(group_keys)))
+        )
+
+
+def test_versions_keep_eval_frozen_and_groups_whole(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    domain_id = domain_of(sessions, acme)
+    eval_groups = set(groups_in("eval", domain_id, 4))
+    train_groups = set(groups_in("train", domain_id, 8))
+    store(
+        sessions,
+        acme,
+        [
+            sft(group, f"{group} question {n}")
+            for group in sorted(eval_groups | train_groups)
+            for n in range(2)
+        ],
+    )
+
+    first = build(sessions, acme)
+
+    assert first.is_new
+    assert first.version.version == 1
+    v1 = members(sessions, first.version.id)
+    assert v1["eval"] == ids_of(sessions, eval_groups)
+    assert v1["train"] == ids_of(sessions, train_groups)
+    assert first.stats["eval"] == {"sft": 8}
+    assert first.stats["groups"] == {"eval": 4, "train": 8}
+
+    again = build(sessions, acme)
+    assert not again.is_new
+    assert again.version.id == first.version.id
+
+    later = set(groups_in("train", domain_id, 3, prefix="later"))
+    store(sessions, acme, [sft(group, f"{group} new question") for group in sorted(later)])
+    # A different eval fraction later must not move groups already placed.
+    second = build(sessions, acme, Recipe(eval_fraction=0.9, replay_fraction=0.0))
+
+    assert second.version.version == 2
+    assert second.version.parent_id == first.version.id
+    v2 = members(sessions, second.version.id)
+    assert v1["eval"] <= v2["eval"]  # eval is append-only
+    assert not v1["eval"] & v2["train"]  # once eval, never train
+    assert not v1["train"] & v2["eval"]  # trained-on groups never become eval
+    assert second.stats["new"] == len(v2["train"])  # replay 0: only new train items
+
+
+def test_only_eligible_items_go_in(sessions: sessionmaker[Session], acme: Caller) -> None:
+    domain_id = domain_of(sessions, acme)
+    (group,) = groups_in("train", domain_id, 1)
+    provenance = Provenance("repository", "r", group)
+    task = TaskCandidate(provenance, "def f():\n", "f", "def f():\n    return 1\n", "tests")
+    pending = TaskCandidate(provenance, "def g():\n", "g", "def g():\n    return 1\n", "tests")
+    retracted = PairCandidate(provenance, [{"role": "user", "content": "q"}], "a", "b", "why")
+    store(sessions, acme, [task, pending, retracted, sft(group, "kept")])
+    with unit_of_work(sessions) as session:
+        session.execute(
+            update(VerifiableTask)
+            .where(VerifiableTask.entry_point == "f")
+            .values(verifier_status="usable", difficulty=0.5)
+        )
+        session.execute(update(PreferencePair).values(weight=0.0))
+
+    built = build(sessions, acme)
+
+    assert built.stats["train"] == {"sft": 1, "task": 1}
+    assert "pair" not in built.stats["train"]
+
+
+def test_replay_brings_back_a_share_of_old_train_items(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    domain_id = domain_of(sessions, acme)
+    groups = list(groups_in("train", domain_id, 40))
+    store(sessions, acme, [sft(group, f"{group} text") for group in groups])
+    first = build(sessions, acme)
+    store(sessions, acme, [sft("new-group-x", "brand new")])
+
+    everything = build(sessions, acme, Recipe(eval_fraction=0.3, replay_fraction=1.0))
+
+    assert everything.stats["replayed"] == len(members(sessions, first.version.id)["train"])
+
+
+def test_train_items_overlapping_eval_are_excluded_and_counted(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    domain_id = domain_of(sessions, acme)
+    (eval_group,) = groups_in("eval", domain_id, 1)
+    train_groups = list(groups_in("train", domain_id, 3))
+    copied = " ".join(WORDS[2:15])  # 13 words of the eval item
+    store(
+        sessions,
+        acme,
+        [
+            sft(eval_group, " ".join(WORDS)),
+            sft(train_groups[0], f"an unrelated opening, then {copied}, and more words after"),
+            sft(train_groups[1], "what are your opening hours on public holidays in december"),
+            sft(train_groups[2], " ".join(WORDS[2:14]) + " unrelated ending"),  # only 12 words
+        ],
+    )
+
+    built = build(sessions, acme)
+
+    assert built.stats["contaminated"] == {"ngram_overlap": 1}
+    assert built.stats["train"] == {"sft": 2}
+
+
+def test_the_manifest_moves_only_with_the_inputs(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    domain_id = domain_of(sessions, acme)
+    store(sessions, acme, [sft(group, f"{group} q") for group in groups_in("train", domain_id, 5)])
+
+    def manifest(recipe: Recipe) -> str:
+        with sessions() as session:  # built and rolled back: nothing stays
+            built = build_dataset_version(
+                session=session, tenant_id=acme.tenant_id, domain_id=domain_id, recipe=recipe
+            )
+            session.rollback()
+            return built.version.manifest_sha256
+
+    assert manifest(RECIPE) == manifest(RECIPE)
+    assert manifest(RECIPE) != manifest(Recipe(eval_fraction=0.3, replay_fraction=0.5))
+    before = manifest(RECIPE)
+    store(sessions, acme, [sft("one-more", "another question")])
+    assert manifest(RECIPE) != before
+
+
+def test_dataset_cli_builds_and_lists(
+    on_test_database: sessionmaker[Session], acme: Caller, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store(on_test_database, acme, [sft(f"g{n}", f"question {n}") for n in range(10)])
+
+    code, out, err = run_cli(capsys, "dataset", "build", "--domain", "billing", "--json")
+    assert code == 0, err
+    built = json.loads(out)
+    assert (built["version"], built["is_new"]) == (1, True)
+    assert built["recipe"]["ngram"] == 13
+
+    code, out, _ = run_cli(capsys, "dataset", "list", "--domain", "billing", "--json")
+    assert [item["id"] for item in json.loads(out)] == [built["id"]]
+    code, _, err = run_cli(
+        capsys, "dataset", "build", "--domain", "billing", "--eval-fraction", "1"
+    )
+    assert code == 1
+    assert "eval fraction" in err
