@@ -1,11 +1,14 @@
-"""`flywheel dataset build|list`: immutable, versioned training sets per domain."""
+"""`flywheel dataset build|list|export`: immutable, versioned training sets per domain."""
 
 from __future__ import annotations
 
-from typing import Any
+import uuid
+from pathlib import Path
+from typing import Any, cast
 
 import typer
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from flywheel.cli.common import (
     JsonOption,
@@ -14,10 +17,15 @@ from flywheel.cli.common import (
     resolve_domain_id,
     resolve_tenant_id,
 )
+from flywheel.datasets.export import export_version
+from flywheel.datasets.export_formats import Format
 from flywheel.datasets.models import DatasetVersion
+from flywheel.datasets.reader import version_manifest, version_streams
 from flywheel.datasets.service import Recipe, build_dataset_version
+from flywheel.errors import InvalidInput, NotFound
+from flywheel.tenancy.models import Domain
 
-dataset = typer.Typer(help="Build and list dataset versions.", no_args_is_help=True)
+dataset = typer.Typer(help="Build, list and export dataset versions.", no_args_is_help=True)
 
 DomainOption = typer.Option(..., "--domain", help="The domain.")
 TenantOption = typer.Option(None, "--tenant", help="The tenant (when there is more than one).")
@@ -89,3 +97,62 @@ def _version_json(version: DatasetVersion, domain: str) -> dict[str, Any]:
         "created_at": version.created_at.isoformat(),
         "tainted_at": version.tainted_at.isoformat() if version.tainted_at else None,
     }
+
+
+@dataset.command("export")
+def export(
+    version: str = typer.Argument(..., help="A version id, or a version number with --domain."),
+    out: Path = typer.Option(..., "--out", help="A new (or empty) directory."),
+    export_format: str = typer.Option("trl", "--format", help="trl, openai or jsonl."),
+    domain: str | None = typer.Option(None, "--domain", help="With a version number."),
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Write a version's train and eval splits as training files, with its manifest."""
+    if export_format not in ("trl", "openai", "jsonl"):
+        raise InvalidInput(f"unknown export format {export_format!r}: trl, openai or jsonl")
+    with database_session() as session:
+        found = _find_version(session, version, domain, tenant)
+        domain_name = session.get_one(Domain, found.domain_id).name
+        summary = export_version(
+            out,
+            cast(Format, export_format),
+            version_streams(session, found),
+            version_manifest(found, domain_name),
+        )
+    files = {str(item.path): item.rows for item in summary.files}
+    data = {
+        "out": str(summary.out_dir),
+        "format": summary.format,
+        "files": files,
+        "manifest_sha256": summary.manifest_sha256,
+        "skipped": summary.skipped,
+    }
+    lines = [f"exported v{found.version} of {domain_name} to {summary.out_dir}"]
+    lines += [f"  {path}: {rows} rows" for path, rows in files.items()]
+    emit(data, as_json=as_json, text="\n".join(lines))
+
+
+def _find_version(
+    session: Session, version: str, domain: str | None, tenant: str | None
+) -> DatasetVersion:
+    if domain is None:
+        try:
+            version_id = uuid.UUID(version)
+        except ValueError as error:
+            raise InvalidInput(
+                f"{version!r} is not a version id (give --domain for a number)"
+            ) from error
+        found = session.get(DatasetVersion, version_id)
+    else:
+        if not version.isdigit():
+            raise InvalidInput(f"with --domain, VERSION is a number, not {version!r}")
+        domain_id = resolve_domain_id(session, resolve_tenant_id(session, tenant), domain)
+        found = session.scalars(
+            select(DatasetVersion).where(
+                DatasetVersion.domain_id == domain_id, DatasetVersion.version == int(version)
+            )
+        ).first()
+    if found is None:
+        raise NotFound(f"dataset version {version} not found")
+    return found

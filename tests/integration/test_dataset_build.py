@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 from sqlalchemy import select, update
@@ -240,3 +241,66 @@ def test_dataset_cli_builds_and_lists(
     )
     assert code == 1
     assert "eval fraction" in err
+
+
+def test_a_version_exports_for_trl_with_its_manifest(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    domain_id = domain_of(on_test_database, acme)
+    (group,) = groups_in("train", domain_id, 1)
+    provenance = Provenance("feedback", "e-1", group)
+    messages = [{"role": "user", "content": "Can I get a refund?"}]
+    task = TaskCandidate(
+        provenance,
+        'def f():\n    """One."""\n',
+        "f",
+        'def f():\n    """One."""\n    return 1\n',
+        "def test_f():\n    assert f() == 1\n",
+    )
+    store(
+        on_test_database,
+        acme,
+        [
+            sft(group, "How do I reset?"),
+            PairCandidate(provenance, messages, "Yes, within 30 days.", "No.", "correction", 0.7),
+            task,
+        ],
+    )
+    with unit_of_work(on_test_database) as session:
+        session.execute(update(VerifiableTask).values(verifier_status="usable"))
+    assert run_cli(capsys, "dataset", "build", "--domain", "billing")[0] == 0
+
+    out = tmp_path / "v1"
+    code, stdout, err = run_cli(
+        capsys, "dataset", "export", "1", "--domain", "billing", "--out", str(out), "--json"
+    )
+
+    assert code == 0, err
+    assert sorted(json.loads(stdout)["files"]) == [
+        "train/dpo.jsonl",
+        "train/grpo.jsonl",
+        "train/sft.jsonl",
+    ]
+    dpo = [json.loads(line) for line in (out / "train" / "dpo.jsonl").read_text().splitlines()]
+    assert dpo == [
+        {
+            "prompt": messages,
+            "chosen": [{"role": "assistant", "content": "Yes, within 30 days."}],
+            "rejected": [{"role": "assistant", "content": "No."}],
+            "weight": 0.7,
+        }
+    ]
+    grpo = json.loads((out / "train" / "grpo.jsonl").read_text())
+    assert "assert f() == 1" in grpo["tests"]
+    assert "assert" not in json.dumps(grpo["prompt"])
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert (manifest["domain"], manifest["version"]) == ("billing", 1)
+
+    code, _, err = run_cli(
+        capsys, "dataset", "export", "7", "--domain", "billing", "--out", str(tmp_path / "v7")
+    )
+    assert code == 1
+    assert "dataset version 7 not found" in err
