@@ -113,6 +113,8 @@ def _empty_tables(engine: Engine) -> None:
         if engine.dialect.name == "postgresql":
             connection.execute(text(f"TRUNCATE {', '.join(tables)} CASCADE"))
         else:
+            # Checked at commit, when every row is gone (dataset versions refer to each other).
+            connection.execute(text("PRAGMA defer_foreign_keys = ON"))
             for table in tables:
                 connection.execute(text(f"DELETE FROM {table}"))
 
