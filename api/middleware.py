@@ -52,7 +52,8 @@ class BodyLimit:
 
 
 class RequireJson:
-    """Refuse a request body that is not declared as JSON (415), rather than misread it."""
+    """Refuse a request body that is not declared as JSON (415), rather than misread it.
+    A POST with no body at all (Content-Length: 0) has nothing to misread and passes."""
 
     def __init__(self, app: ASGIApp) -> None:
         self.app = app
@@ -60,7 +61,8 @@ class RequireJson:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] in {"POST", "PUT", "PATCH"}:
             content_type = _header(scope, b"content-type") or b""
-            if content_type.split(b";")[0].strip().lower() != b"application/json":
+            is_empty = not content_type and _content_length(scope) == 0
+            if not is_empty and content_type.split(b";")[0].strip().lower() != b"application/json":
                 message = "request bodies must be JSON: send Content-Type: application/json"
                 await _send_error(send, 415, "unsupported_media_type", message)
                 return

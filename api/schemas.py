@@ -178,3 +178,29 @@ class TaskRead(BaseModel):
 class TaskPage(BaseModel):
     items: list[TaskRead]
     next_after: uuid.UUID | None = Field(description="Pass as `after` for the next page.")
+
+
+class RecipeCreate(StrictModel):
+    """How to build a version; every field has the platform default."""
+
+    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
+    replay_fraction: float = Field(default=0.25, ge=0, le=1)
+    ngram: int = Field(default=13, ge=1, le=64)
+    curriculum: Literal["easy_first", "none"] = "easy_first"
+
+
+class DatasetVersionRead(BaseModel):
+    id: uuid.UUID
+    domain: str
+    version: int
+    manifest_sha256: str
+    eval_sha256: str | None
+    recipe: dict[str, Any]
+    stats: dict[str, Any]
+    parent_id: uuid.UUID | None
+    created_at: datetime
+    tainted_at: datetime | None
+
+
+class DatasetVersionList(BaseModel):
+    items: list[DatasetVersionRead]

@@ -17,11 +17,11 @@ from flywheel.cli.common import (
     resolve_domain_id,
     resolve_tenant_id,
 )
+from flywheel.datasets import service
 from flywheel.datasets.export import export_version
 from flywheel.datasets.export_formats import Format
 from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.reader import version_manifest, version_streams
-from flywheel.datasets.service import Recipe, build_dataset_version
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.tenancy.models import Domain
 
@@ -29,7 +29,7 @@ dataset = typer.Typer(help="Build, list and export dataset versions.", no_args_i
 
 DomainOption = typer.Option(..., "--domain", help="The domain.")
 TenantOption = typer.Option(None, "--tenant", help="The tenant (when there is more than one).")
-DEFAULTS = Recipe()
+DEFAULTS = service.Recipe()
 
 
 @dataset.command("build")
@@ -45,7 +45,7 @@ def build(
     as_json: bool = JsonOption,
 ) -> None:
     """Build the domain's next version from its eligible signal (or say nothing changed)."""
-    recipe = Recipe(
+    recipe = service.Recipe(
         eval_fraction=eval_fraction,
         replay_fraction=replay_fraction,
         ngram=ngram,
@@ -54,7 +54,7 @@ def build(
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
         domain_id = resolve_domain_id(session, tenant_id, domain)
-        built = build_dataset_version(
+        built = service.build_dataset_version(
             session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
         )
         data = _version_json(built.version, domain) | {"is_new": built.is_new}
@@ -63,18 +63,14 @@ def build(
 
 
 @dataset.command("list")
-def list_versions(
+def list_command(
     domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
 ) -> None:
     """The domain's versions, newest first."""
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
-        domain_id = resolve_domain_id(session, tenant_id, domain)
-        versions = session.scalars(
-            select(DatasetVersion)
-            .where(DatasetVersion.domain_id == domain_id)
-            .order_by(DatasetVersion.version.desc())
-        ).all()
+        resolve_domain_id(session, tenant_id, domain)  # its own error, naming the fix
+        versions = service.list_versions(session=session, tenant_id=tenant_id, domain=domain)
         data = [_version_json(version, domain) for version in versions]
     lines = [
         f"v{item['version']}  {item['manifest_sha256'][:12]}  {item['created_at']}"

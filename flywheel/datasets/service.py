@@ -31,6 +31,7 @@ from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import utcnow
 from flywheel.errors import InvalidInput
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
+from flywheel.signals.service import domain_id_of
 
 MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
 
@@ -133,6 +134,26 @@ def build_dataset_version(
     _record_groups(session, domain_id, splits.new, version.id)
     _insert_members(session, version.id, ordered)
     return Built(version, is_new=True, stats=stats)
+
+
+def build_for(*, session: Session, tenant_id: uuid.UUID, domain: str, recipe: Recipe) -> Built:
+    """`build_dataset_version` for a domain named by its tenant (NotFound otherwise)."""
+    domain_id = domain_id_of(session=session, tenant_id=tenant_id, domain=domain)
+    return build_dataset_version(
+        session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
+    )
+
+
+def list_versions(*, session: Session, tenant_id: uuid.UUID, domain: str) -> list[DatasetVersion]:
+    """The domain's versions, newest first."""
+    domain_id = domain_id_of(session=session, tenant_id=tenant_id, domain=domain)
+    return list(
+        session.scalars(
+            select(DatasetVersion)
+            .where(DatasetVersion.domain_id == domain_id)
+            .order_by(DatasetVersion.version.desc())
+        )
+    )
 
 
 def latest_version(*, session: Session, domain_id: uuid.UUID) -> DatasetVersion | None:

@@ -1,0 +1,72 @@
+"""Dataset versions over the API: list a domain's versions, build the next one."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
+
+from api.auth import require
+from api.database import in_transaction
+from api.feedback import ERRORS
+from api.schemas import DatasetVersionList, DatasetVersionRead, RecipeCreate
+from flywheel.datasets import service
+from flywheel.datasets.models import DatasetVersion
+from flywheel.tenancy.service import Principal, Scope
+
+router = APIRouter(prefix="/v1")
+
+Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
+Builder = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]
+
+
+@router.get("/datasets", responses=ERRORS)
+async def list_datasets(
+    request: Request,
+    principal: Reader,
+    domain: Annotated[str, Query(min_length=1, max_length=255)],
+) -> DatasetVersionList:
+    """The domain's dataset versions, newest first."""
+    versions = await in_transaction(
+        request, service.list_versions, tenant_id=principal.tenant_id, domain=domain
+    )
+    return DatasetVersionList(items=[_read(version, domain) for version in versions])
+
+
+@router.post(
+    "/datasets/{domain}/versions",
+    status_code=201,
+    response_model=DatasetVersionRead,
+    responses={**ERRORS, 200: {"model": DatasetVersionRead, "description": "Nothing new."}},
+)
+async def build_dataset(
+    domain: str,
+    request: Request,
+    principal: Builder,
+    body: Annotated[RecipeCreate | None, Body()] = None,
+) -> Response:
+    """Build the domain's next version; 200 with the latest one when nothing changed."""
+    recipe = service.Recipe(**(body or RecipeCreate()).model_dump())
+    built = await in_transaction(
+        request, service.build_for, tenant_id=principal.tenant_id, domain=domain, recipe=recipe
+    )
+    return Response(
+        _read(built.version, domain).model_dump_json(),
+        status_code=201 if built.is_new else 200,
+        media_type="application/json",
+    )
+
+
+def _read(version: DatasetVersion, domain: str) -> DatasetVersionRead:
+    return DatasetVersionRead(
+        id=version.id,
+        domain=domain,
+        version=version.version,
+        manifest_sha256=version.manifest_sha256,
+        eval_sha256=version.eval_sha256,
+        recipe=version.recipe,
+        stats=version.stats,
+        parent_id=version.parent_id,
+        created_at=version.created_at,
+        tainted_at=version.tainted_at,
+    )
