@@ -141,6 +141,17 @@ def test_versions_keep_eval_frozen_and_groups_whole(
     assert not v1["train"] & v2["eval"]  # trained-on groups never become eval
     assert second.stats["new"] == len(v2["train"])  # replay 0: only new train items
 
+    more_eval = set(groups_in("eval", domain_id, 2, prefix="third"))
+    store(sessions, acme, [sft(group, f"{group} third question") for group in sorted(more_eval)])
+    third = build(sessions, acme, Recipe(eval_fraction=0.3, replay_fraction=1.0))
+
+    v3 = members(sessions, third.version.id)
+    assert third.version.version == 3
+    assert v1["eval"] | v2["eval"] | ids_of(sessions, more_eval) == v3["eval"]
+    assert not (v1["eval"] | v2["eval"]) & v3["train"]
+    assert v1["train"] | v2["train"] <= v3["train"]  # replay 1.0: every train item again
+    assert third.version.eval_sha256 != second.version.eval_sha256  # the eval set's version
+
 
 def test_only_eligible_items_go_in(sessions: sessionmaker[Session], acme: Caller) -> None:
     domain_id = domain_of(sessions, acme)
