@@ -31,8 +31,9 @@ five-word question in a long conversation is too weak a signal to exclude it. If
 eval items are short, lower n (GPT-3 used the 5th percentile of item length, at least 8).
 
 Words are hashed to 64 bits (blake2b, stable across processes) and an n-gram to the
-polynomial hash of its word hashes, so an index holds 8 bytes per distinct gram instead of
-tuples of strings, and a batch of train texts is checked with a handful of numpy calls.
+polynomial hash of its word hashes, so an index holds about 10 bytes per distinct gram (the
+hash and a bit filter) instead of tuples of strings, and a batch of train texts is checked
+with a handful of numpy calls.
 Distinct grams collide with probability about 2^-64 per pair; a collision can only exclude
 an item, never let one through.
 """
@@ -66,8 +67,8 @@ NGRAM_OVERLAP: Final = "ngram_overlap"
 NEAR_DUPLICATE: Final = "near_duplicate"
 Reason = Literal["ngram_overlap", "near_duplicate"]
 BATCH_ITEMS = 4_096
-"""Items checked per numpy pass: large enough to amortise the calls, small enough that a
-batch's grams (about 5 MB for 80-word texts) stay in cache-friendly sizes."""
+"""Items checked per numpy pass: enough to amortise the calls, few enough that a batch's
+arrays stay a few MB (about 330k grams for 80-word texts)."""
 VERIFY_PAIRS = 1 << 15
 """Candidate (train, eval) signature pairs compared at once: 2 x 16 MiB of minima."""
 
@@ -259,8 +260,9 @@ class _HashSet:
         # Sorted, the candidates walk `values` in order: far fewer cache misses.
         candidates = candidates[np.argsort(needles[candidates])]
         wanted = needles[candidates]
-        found = np.minimum(np.searchsorted(self.values, wanted), max(self.values.size - 1, 0))
-        hit = self.values[found] == wanted if self.values.size else np.zeros(0, dtype=bool)
+        # An empty set has no bit set, hence no candidates, and `found` is then empty too.
+        found = np.minimum(np.searchsorted(self.values, wanted), self.values.size - 1)
+        hit = self.values[found] == wanted
         positions = np.full(needles.size, -1, dtype=np.intp)
         positions[candidates[hit]] = found[hit]
         return positions
@@ -293,10 +295,8 @@ def _signature_matrix(signatures: Sequence[bytes]) -> Uint32s:
 def _signed(texts: Sequence[str], signatures: Sequence[bytes | None]) -> list[bytes]:
     """The given signatures, and one signed from the text (as a single field) where none is."""
     missing = [index for index, signature in enumerate(signatures) if signature is None]
-    computed = dict(
-        zip(missing, minhash_signatures([[texts[index]] for index in missing]), strict=True)
-    )
-    return [computed[i] if s is None else s for i, s in enumerate(signatures)]
+    computed = iter(minhash_signatures([[texts[index]] for index in missing]))
+    return [next(computed) if signature is None else signature for signature in signatures]
 
 
 def _batches(
@@ -343,8 +343,9 @@ class _Buckets:
 
 class EvalIndex:
     """The frozen eval items of a domain, indexed once, against which train candidates are
-    checked. Holds a sorted array of the eval n-gram hashes and the eval MinHash signatures
-    with their LSH buckets: about 8 bytes per distinct gram and 0.6 KB per signed item."""
+    checked. Holds the eval n-gram hashes (sorted, behind a bit filter) and the eval MinHash
+    signatures with their LSH buckets: about 10 bytes per distinct gram and 1 KB per signed
+    item, so some 160 MB for 100k eval items of 80 words. Build it with `build`."""
 
     def __init__(
         self,
@@ -422,7 +423,13 @@ class EvalIndex:
     ) -> Iterator[tuple[Key, Reason]]:
         """(key, reason) for each contaminated train item, in input order; clean items are
         skipped. Items are (key, text, signature or None), streamed in batches of
-        `BATCH_ITEMS`, so a million candidates never sit in memory at once here."""
+        `BATCH_ITEMS`, so a million candidates never sit in memory at once here.
+
+        An item without a signature is signed from its text when the near-duplicate check
+        is on: about 17k items/s, slower than both checks together (`python -m
+        bench.decontamination`). Stored signatures save that where both sides come from one
+        table. An item with an n-gram overlap is not signed.
+        """
         for batch in _batches(items):
             keys, texts, signatures = zip(*batch, strict=True)
             overlaps = self._ngram_overlaps(texts)
@@ -491,7 +498,7 @@ def _distinct_signatures(signatures: list[bytes]) -> Uint32s:
 
 
 def _distinct(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """The sorted distinct values (`np.unique` hashes in numpy 2.3+, ten times slower here)."""
+    """The sorted distinct values (`np.unique` hashes since numpy 2.3: 5 s for 4M uint64 here)."""
     ordered = np.sort(values)
     return ordered[_run_starts(ordered)]
 

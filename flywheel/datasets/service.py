@@ -232,7 +232,12 @@ def _text_of(row: Any) -> str:
     """The text decontamination compares: what a model would read or write."""
     if isinstance(row, VerifiableTask):
         return row.prompt
-    prompt = "\n".join(str(message.get("content", "")) for message in row.messages)
+    # System prompts are left out: a fixed one of 13+ words would make every item "overlap".
+    prompt = "\n".join(
+        str(message.get("content", ""))
+        for message in row.messages
+        if message.get("role") != "system"
+    )
     if isinstance(row, PreferencePair):
         return f"{prompt}\n{row.chosen}\n{row.rejected}"
     return f"{prompt}\n{row.completion}"

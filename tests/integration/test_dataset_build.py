@@ -315,3 +315,28 @@ def test_a_version_exports_for_trl_with_its_manifest(
     )
     assert code == 1
     assert "dataset version 7 not found" in err
+
+
+def test_a_shared_system_prompt_is_not_contamination(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    domain_id = domain_of(sessions, acme)
+    system = {"role": "system", "content": EVAL_TEXT}  # 28 words every item carries
+    groups = [*groups_in("eval", domain_id, 2), *groups_in("train", domain_id, 4)]
+    store(
+        sessions,
+        acme,
+        [
+            SftCandidate(
+                Provenance("api", group, group),
+                [system, {"role": "user", "content": f"{group} asks something"}],
+                "ok",
+            )
+            for group in groups
+        ],
+    )
+
+    built = build(sessions, acme)
+
+    assert built.stats["contaminated"] == {}
+    assert built.stats["train"] == {"sft": 4}
