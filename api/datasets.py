@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 
 from api.auth import require
 from api.database import in_transaction
@@ -12,6 +12,7 @@ from api.feedback import ERRORS
 from api.schemas import DatasetVersionList, DatasetVersionRead, RecipeCreate
 from flywheel.datasets import service
 from flywheel.datasets.models import DatasetVersion
+from flywheel.feedback.values import Name
 from flywheel.tenancy.service import Principal, Scope
 
 router = APIRouter(prefix="/v1")
@@ -24,7 +25,7 @@ Builder = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]
 async def list_datasets(
     request: Request,
     principal: Reader,
-    domain: Annotated[str, Query(min_length=1, max_length=255)],
+    domain: Annotated[Name, Query(description="The domain's name.")],
 ) -> DatasetVersionList:
     """The domain's dataset versions, newest first."""
     versions = await in_transaction(
@@ -40,7 +41,7 @@ async def list_datasets(
     responses={**ERRORS, 200: {"model": DatasetVersionRead, "description": "Nothing new."}},
 )
 async def build_dataset(
-    domain: str,
+    domain: Annotated[Name, Path(description="The domain's name.")],
     request: Request,
     principal: Builder,
     body: Annotated[RecipeCreate | None, Body()] = None,

@@ -17,6 +17,7 @@ from api.schemas import (
     TaskPage,
     TaskRead,
 )
+from flywheel.feedback.values import Name
 from flywheel.signals import service
 from flywheel.signals.candidates import Provenance, TaskCandidate
 from flywheel.signals.models import VerifiableTask
@@ -26,7 +27,7 @@ router = APIRouter(prefix="/v1")
 
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 Writer = Annotated[Principal, Depends(require(Scope.FEEDBACK_WRITE))]
-DomainQuery = Annotated[str, Query(min_length=1, max_length=255)]
+DomainQuery = Annotated[Name, Query(description="The domain's name.")]
 After = Annotated[uuid.UUID | None, Query(description="The `next_after` of the last page.")]
 Limit = Annotated[int, Query(ge=1, le=500)]
 

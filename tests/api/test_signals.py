@@ -151,3 +151,12 @@ def test_a_posted_task_is_redacted_before_it_is_stored(
     assert "<EMAIL>" in row.prompt
     assert secret not in row.prompt
     assert row.redaction_report["EMAIL"] == 2  # prompt and reference
+
+
+def test_a_domain_query_with_a_nul_byte_is_refused_not_a_500(
+    client: TestClient, acme: Caller
+) -> None:
+    for path in ("/v1/tasks", "/v1/preference-pairs", "/v1/datasets"):
+        response = client.get(path, params={"domain": "bil\x00ling"}, headers=acme.headers)
+        assert response.status_code == 422, (path, response.text)
+        assert response.json()["error"]["code"]
