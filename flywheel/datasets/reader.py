@@ -57,64 +57,82 @@ def version_manifest(version: DatasetVersion, domain: str) -> dict[str, Any]:
 
 
 def _rows(session: Session, query: Select[Any]) -> Iterator[Any]:
-    yield from session.execute(query.execution_options(yield_per=CHUNK_ROWS))
+    """Plain rows through a server-side cursor: no ORM objects, so nothing accumulates in the
+    session while a million rows go by."""
+    yield from session.execute(query.execution_options(stream_results=True, yield_per=CHUNK_ROWS))
 
 
-def _members(model: Any, column: Any, version_id: uuid.UUID, split: str) -> Select[Any]:
+def _members(
+    columns: tuple[Any, ...], item_column: Any, model: Any, version_id: uuid.UUID, split: str
+) -> Select[Any]:
     return (
-        select(model, DatasetMember.weight)
-        .join(DatasetMember, column == model.id)
+        select(*columns, DatasetMember.weight)
+        .join(DatasetMember, item_column == model.id)
         .where(DatasetMember.dataset_version_id == version_id, DatasetMember.split == split)
         .order_by(DatasetMember.position)
     )
 
 
 def _sft(session: Session, version_id: uuid.UUID, split: str) -> Iterator[SftRecord]:
-    query = _members(SftExample, DatasetMember.sft_example_id, version_id, split)
-    for item, weight in _rows(session, query):
-        yield SftRecord(item.messages, item.completion, weight, item.group_key, str(item.id))
+    model = SftExample
+    columns = (model.messages, model.completion, model.group_key, model.id)
+    query = _members(columns, DatasetMember.sft_example_id, model, version_id, split)
+    for messages, completion, group_key, item_id, weight in _rows(session, query):
+        yield SftRecord(messages, completion, weight, group_key, str(item_id))
 
 
 def _pairs(session: Session, version_id: uuid.UUID, split: str) -> Iterator[PairRecord]:
-    query = _members(PreferencePair, DatasetMember.preference_pair_id, version_id, split)
-    for item, weight in _rows(session, query):
-        yield PairRecord(
-            item.messages,
-            item.chosen,
-            item.rejected,
-            weight,
-            item.why,
-            item.group_key,
-            str(item.id),
-        )
+    model = PreferencePair
+    columns = (model.messages, model.chosen, model.rejected, model.why, model.group_key, model.id)
+    query = _members(columns, DatasetMember.preference_pair_id, model, version_id, split)
+    for messages, chosen, rejected, why, group_key, item_id, weight in _rows(session, query):
+        yield PairRecord(messages, chosen, rejected, weight, why, group_key, str(item_id))
 
 
 def _labels(session: Session, version_id: uuid.UUID, split: str) -> Iterator[LabelRecord]:
-    query = _members(LabeledCompletion, DatasetMember.labeled_completion_id, version_id, split)
-    for item, weight in _rows(session, query):
+    model = LabeledCompletion
+    columns = (
+        model.messages,
+        model.completion,
+        model.is_desirable,
+        model.why,
+        model.group_key,
+        model.id,
+    )
+    query = _members(columns, DatasetMember.labeled_completion_id, model, version_id, split)
+    for messages, completion, is_desirable, why, group_key, item_id, weight in _rows(
+        session, query
+    ):
         yield LabelRecord(
-            item.messages,
-            item.completion,
-            item.is_desirable,
-            weight,
-            item.group_key,
-            str(item.id),
-            why=item.why,
+            messages, completion, is_desirable, weight, group_key, str(item_id), why=why
         )
 
 
 def _tasks(session: Session, version_id: uuid.UUID, split: str) -> Iterator[TaskRecord]:
-    query = _members(VerifiableTask, DatasetMember.verifiable_task_id, version_id, split)
-    for item, _weight in _rows(session, query):
+    model = VerifiableTask
+    columns = (
+        model.prompt,
+        model.entry_point,
+        model.hidden_tests,
+        model.visible_tests,
+        model.reference_solution,
+        model.task_kind,
+        model.answer,
+        model.difficulty,
+        model.group_key,
+        model.id,
+    )
+    query = _members(columns, DatasetMember.verifiable_task_id, model, version_id, split)
+    for row in _rows(session, query):
         yield TaskRecord(
-            prompt=item.prompt,
-            entry_point=item.entry_point,
-            hidden_tests=item.hidden_tests,
-            visible_tests=item.visible_tests,
-            reference_solution=item.reference_solution,
-            task_kind=item.task_kind,
-            answer=item.answer,
-            difficulty=item.difficulty,
-            group_key=item.group_key,
-            item_id=str(item.id),
+            prompt=row.prompt,
+            entry_point=row.entry_point,
+            hidden_tests=row.hidden_tests,
+            visible_tests=row.visible_tests,
+            reference_solution=row.reference_solution,
+            task_kind=row.task_kind,
+            answer=row.answer,
+            difficulty=row.difficulty,
+            group_key=row.group_key,
+            item_id=str(row.id),
         )
