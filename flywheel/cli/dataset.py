@@ -81,18 +81,9 @@ def list_command(
 
 
 def _version_json(version: DatasetVersion, domain: str) -> dict[str, Any]:
-    return {
-        "id": str(version.id),
-        "domain": domain,
-        "version": version.version,
-        "manifest_sha256": version.manifest_sha256,
-        "eval_sha256": version.eval_sha256,
-        "recipe": version.recipe,
-        "stats": version.stats,
-        "parent_id": str(version.parent_id) if version.parent_id else None,
-        "created_at": version.created_at.isoformat(),
-        "tainted_at": version.tainted_at.isoformat() if version.tainted_at else None,
-    }
+    """The version as an export's manifest describes it, keyed by `id` for the CLI."""
+    summary = version_manifest(version, domain)
+    return {"id": summary.pop("dataset_version_id"), **summary}
 
 
 @dataset.command("export")

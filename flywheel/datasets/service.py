@@ -73,7 +73,6 @@ KINDS = (
     ItemKind("label", LabeledCompletion, "labeled_completion_id"),
     ItemKind("task", VerifiableTask, "verifiable_task_id"),
 )
-KIND_BY_COLUMN = {kind.member_column: kind for kind in KINDS}
 
 
 @dataclass

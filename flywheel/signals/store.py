@@ -102,8 +102,7 @@ def store_candidates(
     for candidate in candidates:
         if isinstance(candidate, InteractionCandidate | EventCandidate):
             continue
-        table, row = _signal_row(candidate)
-        row.update(tenant_id=tenant_id, domain_id=domain_id, ingestor_version=ingestor_version)
+        table, row = _signal_row(candidate, tenant_id, domain_id, ingestor_version)
         rows[table].append(row)
     for table, table_rows in rows.items():
         inserted = insert_ignoring_conflicts(session, SIGNAL_TABLES[table], table_rows)
@@ -199,8 +198,7 @@ def store_one(
 ) -> tuple[uuid.UUID, bool]:
     """Store one candidate like `store_candidates`; its row id, and whether it is new (an
     existing row with the same content is found by its hash)."""
-    table_name, row = _signal_row(candidate)
-    row.update(tenant_id=tenant_id, domain_id=domain_id, ingestor_version=ingestor_version)
+    table_name, row = _signal_row(candidate, tenant_id, domain_id, ingestor_version)
     table = SIGNAL_TABLES[table_name]
     if insert_ignoring_conflicts(session, table, [row]):
         return row["id"], True
@@ -240,7 +238,10 @@ class _Redactor:
         return [{**message, "content": self.text(message["content"])} for message in messages]
 
 
-def _signal_row(candidate: Candidate) -> tuple[str, dict[str, Any]]:
+def _signal_row(
+    candidate: Candidate, tenant_id: uuid.UUID, domain_id: uuid.UUID, ingestor_version: str
+) -> tuple[str, dict[str, Any]]:
+    """The candidate's table and row: redacted, hashed, with its provenance."""
     redactor = _Redactor(candidate.provenance.names)
     table, fields = _redacted_fields(candidate, redactor)
     provenance = candidate.provenance
@@ -255,6 +256,9 @@ def _signal_row(candidate: Candidate) -> tuple[str, dict[str, Any]]:
         "redaction_report": dict(redactor.report),
         "minhash": None,
         "duplicate_of_id": None,
+        "tenant_id": tenant_id,
+        "domain_id": domain_id,
+        "ingestor_version": ingestor_version,
     }
     return table, row
 
