@@ -5,6 +5,7 @@ from flywheel.db import Base
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
 from flywheel.signals.models import (
+    ForgetRequest,
     IngestRun,
     LabeledCompletion,
     PreferencePair,
@@ -21,6 +22,7 @@ __all__ = [
     "DatasetVersion",
     "Domain",
     "FeedbackEvent",
+    "ForgetRequest",
     "IngestRun",
     "Interaction",
     "LabeledCompletion",

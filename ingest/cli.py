@@ -6,6 +6,7 @@ counts; tasks then go through verifier QA unless `--no-verify`.
 
 from __future__ import annotations
 
+import getpass
 import os
 import sys
 import uuid
@@ -157,6 +158,43 @@ def compile_feedback(
                 links = link_near_duplicates(session, domain_id=uuid.UUID(compiled["domain_id"]))
             compiled["near_duplicate"] = sum(links.values())
     emit(data, as_json=as_json, text=_compile_lines(data))
+
+
+def forget_subject(
+    rater: str | None = typer.Option(None, "--rater", help="A rater id: their feedback events."),
+    source_record: str | None = typer.Option(
+        None,
+        "--source-record",
+        help="A source record id as ingested (a ticket like zendesk:4711, a task id).",
+    ),
+    tenant: str | None = TenantOption,
+    actor: str = typer.Option(
+        None, "--actor", help="Who asks, for the audit (default: the OS user)."
+    ),
+    as_json: bool = JsonOption,
+) -> None:
+    """Delete a rater's or a source record's data and what was derived from it; taint the
+    dataset and model versions that used it. Audited."""
+    from ingest.forget import forget
+
+    with database_sessions() as sessions:
+        with unit_of_work(sessions) as session:
+            tenant_id = resolve_tenant_id(session, tenant)
+        report = forget(
+            sessions,
+            tenant_id=tenant_id,
+            rater=rater,
+            source_record=source_record,
+            actor=actor or f"cli:{getpass.getuser()}",
+        )
+    data = report.as_json()
+    deleted = ", ".join(f"{k} {v}" for k, v in data["deleted"].items()) or "nothing"
+    text = (
+        f"forgot ({data['request_id']}): deleted {deleted}; tainted "
+        f"{len(data['tainted_dataset_versions'])} dataset version(s), "
+        f"{len(data['tainted_model_versions'])} model version(s)"
+    )
+    emit(data, as_json=as_json, text=text)
 
 
 def _compile_lines(data: dict[str, Any]) -> str:

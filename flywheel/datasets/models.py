@@ -46,6 +46,9 @@ class DatasetVersion(IdMixin, Base):
     tainted_at: Mapped[datetime | None] = mapped_column(
         default=None, doc="Set when data it used was deleted (forget): retrain from a new one."
     )
+    tainted_by_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("forget_requests.id", ondelete="SET NULL"), doc="The forget that tainted it."
+    )
 
 
 class DatasetMember(Base):

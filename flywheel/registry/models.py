@@ -63,6 +63,9 @@ class ModelVersion(IdMixin, Base):
     eval_results: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
     gate_result: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
     tainted_at: Mapped[datetime | None] = mapped_column(default=None)
+    tainted_by_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("forget_requests.id", ondelete="SET NULL"), doc="The forget that tainted it."
+    )
 
 
 class PromotionEvent(IdMixin, Base):

@@ -76,7 +76,10 @@ from ingest.compile.compiler import (
     DomainCompile,
     Progress,
     compile_feedback,
+    recompile_prompts,
 )
+from ingest.compile.evidence import event_prompts
+from ingest.compile.items import group_key_of
 from ingest.compile.writer import COMPILER_VERSION
 
 __all__ = [
@@ -86,4 +89,7 @@ __all__ = [
     "DomainCompile",
     "Progress",
     "compile_feedback",
+    "event_prompts",
+    "group_key_of",
+    "recompile_prompts",
 ]

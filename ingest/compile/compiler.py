@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field, fields
 from datetime import datetime, timedelta
 from typing import Any
@@ -143,12 +143,47 @@ def _compile(
     previous = _previous_watermark(session, domain_id)
     newest = _newest_event(session, tenant_id, domain_id)
     scope = Scope(tenant_id, domain_id, since=None if previous is None else previous - REVISIT)
+    counts = _compile_scope(session, scope, retract=previous is not None, progress=progress)
+    watermark = max(filter(None, (previous, newest)), default=None)
+    run = _record_run(
+        session,
+        tenant_id,
+        domain_id,
+        status="succeeded",
+        counts=counts,
+        watermark=watermark,
+        read=f"{scope.since}..{watermark}",
+    )
+    return DomainCompile(domain_id, name, run.id, watermark, counts)
+
+
+def recompile_prompts(
+    session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, prompts: Iterable[str]
+) -> CompileCounts:
+    """Recompile these conversations (JSON texts) of the domain from the events they have
+    now, inside the caller's transaction, retracting what the evidence no longer supports.
+    The compile watermark is left alone (no run is recorded): `flywheel forget` uses it
+    after deleting events."""
+    _lock_domain(session, domain_id)
+    scope = Scope(tenant_id, domain_id, since=None, prompts=tuple(sorted(prompts)))
+    return _compile_scope(session, scope, retract=True, progress=None)
+
+
+def _compile_scope(
+    session: Session, scope: Scope, *, retract: bool, progress: Progress | None
+) -> CompileCounts:
+    """Judge the scope's prompts and write their items."""
     prepare(session, scope)
     counts = CompileCounts(events_read=count_events(session, scope))
-    retract = previous is not None
     texts = Texts()
-    now = utcnow()
-    with Writer(session, tenant_id=tenant_id, domain_id=domain_id, now=now, retract=retract) as w:
+    writer = Writer(
+        session,
+        tenant_id=scope.tenant_id,
+        domain_id=scope.domain_id,
+        now=utcnow(),
+        retract=retract,
+    )
+    with writer as w:
         for prompt in prompts(evidence_rows(session, scope), texts):
             verdicts = judge(prompt.evidence)
             _count(counts, prompt, verdicts, stage(prompt, verdicts, w, texts))
@@ -163,17 +198,7 @@ def _compile(
     )
     if progress is not None and counts.groups % PROGRESS_GROUPS:
         progress(counts.groups % PROGRESS_GROUPS)
-    watermark = max(filter(None, (previous, newest)), default=None)
-    run = _record_run(
-        session,
-        tenant_id,
-        domain_id,
-        status="succeeded",
-        counts=counts,
-        watermark=watermark,
-        read=f"{scope.since}..{watermark}",
-    )
-    return DomainCompile(domain_id, name, run.id, watermark, counts)
+    return counts
 
 
 def _count(counts: CompileCounts, prompt: Prompt, verdicts: Verdicts, staged: Counter[str]) -> None:

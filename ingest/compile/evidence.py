@@ -149,6 +149,10 @@ WHERE x.interaction_id IS NULL OR i.id IS NOT NULL
 ORDER BY prompt_key
 """
 
+TOUCHED_PROMPTS_SQL = """
+INSERT INTO compile_touched
+SELECT DISTINCT jsonb_hash_extended(CAST(p AS jsonb), 0) FROM unnest(CAST(:prompts AS text[])) AS p
+"""
 TOUCHED_SQL = f"""
 INSERT INTO compile_touched
 SELECT DISTINCT jsonb_hash_extended({PROMPT_OF_EVENT}, 0)
@@ -180,12 +184,18 @@ TOUCHED_WHERE = "AND e.id IN (SELECT id FROM compile_scope)"
 
 @dataclass(frozen=True)
 class Scope:
-    """Which events to compile: the whole domain, or only the prompts with events after
-    `since` (all of those prompts' events, old ones included)."""
+    """Which events to compile: the whole domain, or only some prompts (all of their events,
+    old ones included): those with events after `since`, or the conversations in `prompts`
+    (JSON texts, as stored)."""
 
     tenant_id: uuid.UUID
     domain_id: uuid.UUID
     since: datetime | None
+    prompts: tuple[str, ...] | None = None
+
+    @property
+    def is_partial(self) -> bool:
+        return self.since is not None or self.prompts is not None
 
 
 def psycopg_connection(session: Session) -> psycopg.Connection[Any]:
@@ -202,14 +212,22 @@ def prepare(session: Session, scope: Scope) -> None:
     # per sort or hash table: ~1M events aggregate and sort in memory instead of on disk
     session.execute(text("SET LOCAL work_mem = '256MB'"))
     session.execute(text("SET LOCAL jit = off"))  # compiling these queries costs more than it saves
-    if scope.since is not None:
-        params = {"tenant": scope.tenant_id, "domain": scope.domain_id, "since": scope.since}
+    if scope.is_partial:
+        params = {
+            "tenant": scope.tenant_id,
+            "domain": scope.domain_id,
+            "since": scope.since,
+            "prompts": list(scope.prompts or ()),
+        }
         for table, column in (
             ("compile_touched", "prompt_key bigint"),
             ("compile_scope", "id uuid"),
         ):
+            # a transaction may recompile several scopes (forgetting across domains)
+            session.execute(text(f"DROP TABLE IF EXISTS {table}"))
             session.execute(text(f"CREATE TEMP TABLE {table} ({column}) ON COMMIT DROP"))
-        session.execute(text(TOUCHED_SQL), params)
+        touched = TOUCHED_SQL if scope.prompts is None else TOUCHED_PROMPTS_SQL
+        session.execute(text(touched), params)
         session.execute(text("ANALYZE compile_touched"))
         session.execute(text(SCOPE_SQL), params)
         session.execute(text("ANALYZE compile_scope"))
@@ -223,7 +241,7 @@ def evidence_rows(session: Session, scope: Scope) -> Iterator[Row]:
 
 
 def _postgres_rows(session: Session, scope: Scope) -> Iterator[Row]:
-    partial = scope.since is not None
+    partial = scope.is_partial
     sql = EVIDENCE_SQL.format(touched_where=TOUCHED_WHERE if partial else "")
     with psycopg_connection(session).cursor(name="compile_evidence", binary=True) as cursor:
         cursor.itersize = FETCH_ROWS
@@ -233,11 +251,11 @@ def _postgres_rows(session: Session, scope: Scope) -> Iterator[Row]:
 
 def count_events(session: Session, scope: Scope) -> int:
     """How many events the scope covers (after `prepare`)."""
-    if session.get_bind().dialect.name != "postgresql" or scope.since is None:
+    if session.get_bind().dialect.name != "postgresql" or not scope.is_partial:
         query = select(FeedbackEvent.id).where(
             FeedbackEvent.tenant_id == scope.tenant_id, FeedbackEvent.domain_id == scope.domain_id
         )
-        if scope.since is None:
+        if not scope.is_partial:
             return int(session.execute(query.with_only_columns(func.count())).scalar_one())
         return sum(1 for _ in _scoped_events(session, scope))
     return int(session.execute(text("SELECT count(*) FROM compile_scope")).scalar_one())
@@ -294,10 +312,7 @@ def _events(session: Session, scope: Scope) -> Iterator[_Event]:
         own_response,
         *of,
     ) in session.execute(query):
-        if interaction_id is None:
-            prompt = value.get("messages", own) if kind == "comparison" else own
-        else:
-            prompt = value.get("messages", of[0]) if kind == "comparison" else of[0]
+        prompt = event_prompt(kind, value, interaction_id, own, of[0])
         yield _Event(
             id=str(event_id),
             micros=_micros(created_at),
@@ -305,17 +320,68 @@ def _events(session: Session, scope: Scope) -> Iterator[_Event]:
             value=value,
             rater=rater,
             interaction_id=None if interaction_id is None else str(interaction_id),
-            prompt_json=orjson.dumps(prompt, option=orjson.OPT_SORT_KEYS).decode(),
+            prompt_json=prompt_json(prompt),
             response=of[1] if interaction_id is not None else own_response,
         )
 
 
+def event_prompt(
+    kind: str,
+    value: dict[str, Any],
+    interaction_id: uuid.UUID | None,
+    own_messages: list[Any] | None,
+    interaction_messages: list[Any] | None,
+) -> Any:
+    """The conversation an event is about (PROMPT_OF_EVENT, in Python)."""
+    if interaction_id is None:
+        return value.get("messages", own_messages) if kind == "comparison" else own_messages
+    if kind == "comparison":
+        return value.get("messages", interaction_messages)
+    return interaction_messages
+
+
+def event_prompts(
+    session: Session, tenant_id: uuid.UUID, event_ids: list[uuid.UUID]
+) -> dict[uuid.UUID, set[str]]:
+    """The conversations (JSON texts) the events are about, by domain: a `Scope.prompts`."""
+    found: dict[uuid.UUID, set[str]] = defaultdict(set)
+    for start in range(0, len(event_ids), 1_000):
+        rows = session.execute(
+            select(
+                FeedbackEvent.domain_id,
+                FeedbackEvent.kind,
+                FeedbackEvent.value,
+                FeedbackEvent.interaction_id,
+                FeedbackEvent.messages,
+                Interaction.messages,
+            )
+            .outerjoin(Interaction, Interaction.id == FeedbackEvent.interaction_id)
+            .where(
+                FeedbackEvent.tenant_id == tenant_id,
+                FeedbackEvent.id.in_(event_ids[start : start + 1_000]),
+            )
+        )
+        for domain_id, kind, value, interaction_id, own, of in rows:
+            prompt = event_prompt(kind, value, interaction_id, own, of)
+            if prompt is not None:
+                found[domain_id].add(orjson.dumps(prompt).decode())
+    return dict(found)
+
+
+def prompt_json(prompt: Any) -> str:
+    """A conversation's key on SQLite: its JSON with sorted keys."""
+    return orjson.dumps(prompt, option=orjson.OPT_SORT_KEYS).decode()
+
+
 def _scoped_events(session: Session, scope: Scope) -> list[_Event]:
     events = list(_events(session, scope))
-    if scope.since is None:
+    if scope.prompts is not None:
+        touched = {prompt_json(orjson.loads(prompt)) for prompt in scope.prompts}
+    elif scope.since is not None:
+        since = _micros(scope.since)
+        touched = {event.prompt_json for event in events if event.micros > since}
+    else:
         return events
-    since = _micros(scope.since)
-    touched = {event.prompt_json for event in events if event.micros > since}
     return [event for event in events if event.prompt_json in touched]
 
 

@@ -119,6 +119,11 @@ def prompts(rows: Iterable[Row], texts: Texts) -> Iterator[Prompt]:
         yield from by_group.values()
 
 
+def group_key_of(messages_json: str) -> str:
+    """The `group_key` the compiler gives the items of this conversation (JSON text)."""
+    return _prompt(messages_json, Texts()).group_key
+
+
 def _prompt(messages_json: str, texts: Texts) -> Prompt:
     messages = orjson.loads(messages_json)
     counts: Counter[str] = Counter()

@@ -1,0 +1,253 @@
+"""Forgetting a rater or a source record: delete the raw data and every item derived from it,
+taint what was built from it, and audit the request.
+
+    forget(sessions, tenant_id=..., rater="u-42" | source_record="zendesk:4711", actor=...)
+
+What goes, in one transaction:
+- a rater: every feedback event of the tenant with that rater id;
+- a source record (a ticket, a task, a repository function: the `source_ref` ingest gave it):
+  every signal item whose `source_ref` is the id or starts with "<id>:" (a ticket's comments),
+  and every interaction ingested from it, with its feedback events;
+- what the compiler derived from those events: it judges all feedback about one conversation
+  together (weights, conflicts, pair or label), so every feedback item of a conversation an
+  erased event was about is derived from it. Those items are deleted, then the conversations
+  are recompiled from the events that remain, so other raters' judgements survive as new items.
+
+Dataset versions that held a deleted item lose those members (the foreign keys cascade; no row
+is left pointing at nothing) and are marked tainted, as is every model version trained on one
+of them: each records the first request that tainted it (the audit rows list them all). The
+request is a `forget_requests` row that keeps the subject only as a hash.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from sqlalchemy import Select, delete, or_, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.datasets.models import DatasetMember, DatasetVersion
+from flywheel.db import unit_of_work, utcnow
+from flywheel.errors import InvalidInput
+from flywheel.feedback.models import FeedbackEvent, Interaction
+from flywheel.registry.models import ModelVersion, TrainingRun
+from flywheel.signals.dedup import link_near_duplicates
+from flywheel.signals.models import (
+    ForgetRequest,
+    LabeledCompletion,
+    PreferencePair,
+    SftExample,
+    VerifiableTask,
+)
+from ingest.compile import event_prompts, group_key_of, recompile_prompts
+
+SignalModel = (
+    type[SftExample] | type[PreferencePair] | type[LabeledCompletion] | type[VerifiableTask]
+)
+SIGNALS: tuple[tuple[SignalModel, str], ...] = (
+    (SftExample, "sft_example_id"),
+    (PreferencePair, "preference_pair_id"),
+    (LabeledCompletion, "labeled_completion_id"),
+    (VerifiableTask, "verifiable_task_id"),
+)
+COMPILED = (SftExample, PreferencePair, LabeledCompletion)  # what the feedback compiler writes
+CHUNK = 1_000
+T = TypeVar("T")
+
+
+@dataclass
+class ForgetReport:
+    request_id: uuid.UUID
+    subject_kind: str
+    counts: Counter[str] = field(default_factory=Counter)
+    dataset_version_ids: list[uuid.UUID] = field(default_factory=list)
+    model_version_ids: list[uuid.UUID] = field(default_factory=list)
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "request_id": str(self.request_id),
+            "subject_kind": self.subject_kind,
+            "deleted": dict(sorted(self.counts.items())),
+            "tainted_dataset_versions": [str(each) for each in self.dataset_version_ids],
+            "tainted_model_versions": [str(each) for each in self.model_version_ids],
+        }
+
+
+def subject_sha256(tenant_id: uuid.UUID, kind: str, subject: str) -> str:
+    """How the audit names a subject: hash the id the same way to find its requests."""
+    return hashlib.sha256(f"{tenant_id}:{kind}:{subject}".encode()).hexdigest()
+
+
+def forget(
+    sessions: sessionmaker[Session],
+    *,
+    tenant_id: uuid.UUID,
+    rater: str | None = None,
+    source_record: str | None = None,
+    actor: str,
+) -> ForgetReport:
+    """Forget exactly one of a rater or a source record (see the module docstring)."""
+    if (rater is None) == (source_record is None):
+        raise InvalidInput("name exactly one of a rater or a source record to forget")
+    subject = rater if rater is not None else source_record
+    if not subject or not subject.strip():
+        raise InvalidInput("the rater or source record id to forget is empty")
+    kind = "rater" if rater is not None else "source_record"
+    with unit_of_work(sessions) as session:
+        request = ForgetRequest(
+            tenant_id=tenant_id,
+            actor=actor,
+            subject_kind=kind,
+            subject_sha256=subject_sha256(tenant_id, kind, subject),
+        )
+        session.add(request)
+        session.flush()
+        report = ForgetReport(request.id, kind)
+        if rater is not None:
+            _forget_events(session, tenant_id, _rater_events(tenant_id, rater), report)
+        else:
+            _forget_source_record(session, tenant_id, subject, report)
+        _taint(session, report)
+        request.counts = dict(report.counts)
+        request.dataset_version_ids = [str(each) for each in report.dataset_version_ids]
+        request.model_version_ids = [str(each) for each in report.model_version_ids]
+        return report
+
+
+def _rater_events(tenant_id: uuid.UUID, rater: str) -> Select[uuid.UUID]:
+    return select(FeedbackEvent.id).where(
+        FeedbackEvent.tenant_id == tenant_id, FeedbackEvent.rater == rater
+    )
+
+
+def _forget_source_record(
+    session: Session, tenant_id: uuid.UUID, record: str, report: ForgetReport
+) -> None:
+    """The record's own items, then its interactions' events (and what was compiled from
+    them), then the interactions."""
+    for model, member_column in SIGNALS:
+        ids = session.scalars(
+            select(model.id).where(
+                model.tenant_id == tenant_id,
+                or_(
+                    model.source_ref == record,
+                    model.source_ref.startswith(f"{record}:", autoescape=True),
+                ),
+            )
+        ).all()
+        _delete_items(session, model, member_column, list(ids), report)
+    source_ref = Interaction.metadata_["source_ref"].as_string()
+    interactions = list(
+        session.scalars(
+            select(Interaction.id).where(
+                Interaction.tenant_id == tenant_id,
+                or_(source_ref == record, source_ref.startswith(f"{record}:", autoescape=True)),
+            )
+        )
+    )
+    events = select(FeedbackEvent.id).where(
+        FeedbackEvent.tenant_id == tenant_id, FeedbackEvent.interaction_id.in_(interactions)
+    )
+    _forget_events(session, tenant_id, events, report)
+    for chunk in _chunks(interactions):
+        session.execute(delete(Interaction).where(Interaction.id.in_(chunk)))
+    report.counts["interactions"] += len(interactions)
+
+
+def _forget_events(
+    session: Session,
+    tenant_id: uuid.UUID,
+    events: Select[uuid.UUID],
+    report: ForgetReport,
+) -> None:
+    """Delete the events, what was compiled from their conversations, and recompile those
+    conversations from the events that remain."""
+    event_ids = list(session.scalars(events))
+    prompts = event_prompts(session, tenant_id, event_ids)
+    for domain_id, domain_prompts in prompts.items():
+        groups = sorted({group_key_of(prompt) for prompt in domain_prompts})
+        for model, member_column in SIGNALS:
+            if model in COMPILED:
+                ids = _compiled_items(session, model, domain_id, groups)
+                _delete_items(session, model, member_column, ids, report)
+    for chunk in _chunks(event_ids):
+        session.execute(delete(FeedbackEvent).where(FeedbackEvent.id.in_(chunk)))
+    report.counts["feedback_events"] += len(event_ids)
+    for domain_id, domain_prompts in prompts.items():
+        recompiled = recompile_prompts(session, tenant_id, domain_id, domain_prompts)
+        report.counts["recompiled_items"] += recompiled.inserted
+        link_near_duplicates(session, domain_id=domain_id)
+
+
+def _compiled_items(
+    session: Session, model: SignalModel, domain_id: uuid.UUID, groups: list[str]
+) -> list[uuid.UUID]:
+    found: list[uuid.UUID] = []
+    for chunk in _chunks(groups):
+        found += session.scalars(
+            select(model.id).where(
+                model.domain_id == domain_id,
+                model.source_kind == "feedback",
+                model.group_key.in_(chunk),
+            )
+        )
+    return found
+
+
+def _delete_items(
+    session: Session,
+    model: SignalModel,
+    member_column: str,
+    ids: list[uuid.UUID],
+    report: ForgetReport,
+) -> None:
+    """Delete signal rows, noting first the dataset versions that held them."""
+    column = getattr(DatasetMember, member_column)
+    for chunk in _chunks(ids):
+        versions = session.scalars(
+            select(DatasetMember.dataset_version_id).where(column.in_(chunk)).distinct()
+        )
+        report.dataset_version_ids += versions
+        session.execute(delete(model).where(model.id.in_(chunk)))
+    report.counts[model.__tablename__] += len(ids)
+
+
+def _taint(session: Session, report: ForgetReport) -> None:
+    """Mark the dataset versions, and the model versions trained on them, as tainted."""
+    now = utcnow()
+    report.dataset_version_ids = sorted(set(report.dataset_version_ids))
+    for chunk in _chunks(report.dataset_version_ids):
+        session.execute(
+            update(DatasetVersion)
+            .where(DatasetVersion.id.in_(chunk), DatasetVersion.tainted_at.is_(None))
+            .values(tainted_at=now, tainted_by_id=report.request_id)
+        )
+        models = session.scalars(
+            select(ModelVersion.id)
+            .join(TrainingRun, TrainingRun.id == ModelVersion.training_run_id)
+            .where(TrainingRun.dataset_version_id.in_(chunk))
+        )
+        report.model_version_ids += models
+    report.model_version_ids = sorted(set(report.model_version_ids))
+    for chunk in _chunks(report.model_version_ids):
+        session.execute(
+            update(ModelVersion)
+            .where(ModelVersion.id.in_(chunk), ModelVersion.tainted_at.is_(None))
+            .values(tainted_at=now, tainted_by_id=report.request_id)
+        )
+
+
+def _chunks(items: Iterable[T]) -> Iterable[list[T]]:
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == CHUNK:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
