@@ -1,7 +1,9 @@
-"""`flywheel dataset build|list|export`: immutable, versioned training sets per domain."""
+"""`flywheel dataset build|list|export|lineage`: immutable, versioned training sets per domain."""
 
 from __future__ import annotations
 
+import json
+import sys
 import uuid
 from pathlib import Path
 from typing import Any, cast
@@ -21,7 +23,7 @@ from flywheel.datasets import service
 from flywheel.datasets.export import export_version
 from flywheel.datasets.export_formats import Format
 from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.reader import version_manifest, version_streams
+from flywheel.datasets.reader import version_lineage, version_manifest, version_streams
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.tenancy.models import Domain
 
@@ -101,6 +103,11 @@ def export(
     with database_session() as session:
         found = _find_version(session, version, domain, tenant)
         domain_name = session.get_one(Domain, found.domain_id).name
+        if found.tainted_at is not None:
+            raise InvalidInput(
+                f"v{found.version} of {domain_name} is tainted: data it used was forgotten "
+                f"at {found.tainted_at.isoformat()}; build a new version and export that"
+            )
         summary = export_version(
             out,
             cast(Format, export_format),
@@ -120,6 +127,20 @@ def export(
     emit(data, as_json=as_json, text="\n".join(lines))
 
 
+@dataset.command("lineage")
+def lineage(
+    version: str = typer.Argument(..., help="A version id, or a version number with --domain."),
+    domain: str | None = typer.Option(None, "--domain", help="With a version number."),
+    tenant: str | None = TenantOption,
+) -> None:
+    """Where every item of a version came from, one JSON line per item (split, kind, item id,
+    source kind, source ref, group)."""
+    with database_session() as session:
+        found = _find_version(session, version, domain, tenant)
+        for row in version_lineage(session, found):
+            sys.stdout.write(json.dumps(row) + "\n")
+
+
 def _find_version(
     session: Session, version: str, domain: str | None, tenant: str | None
 ) -> DatasetVersion:
@@ -131,6 +152,12 @@ def _find_version(
                 f"{version!r} is not a version id (give --domain for a number)"
             ) from error
         found = session.get(DatasetVersion, version_id)
+        if (
+            found is not None
+            and tenant is not None
+            and found.tenant_id != resolve_tenant_id(session, tenant)
+        ):
+            found = None  # another tenant's version is not found, not forbidden
     else:
         if not version.isdigit():
             raise InvalidInput(f"with --domain, VERSION is a number, not {version!r}")

@@ -199,6 +199,15 @@ def test_forgetting_a_source_record_deletes_its_items(
     sessions = on_test_database
     ours, _ = setup
     version = build(sessions, ours)
+    code, out, _ = run_cli(capsys, "dataset", "lineage", str(version.id))
+    assert code == 0
+    lineage = [json.loads(line) for line in out.splitlines()]
+    assert {(row["source_kind"], row["source_ref"]) for row in lineage if row["kind"] == "sft"} >= {
+        ("ticket", "zendesk:4711")
+    }
+    assert all(
+        row["source_ref"].startswith("feedback:") for row in lineage if row["kind"] == "pair"
+    )
 
     code, out, _ = run_cli(
         capsys, "forget", "--source-record", "zendesk:4711", "--tenant", "acme", "--json"
@@ -210,6 +219,9 @@ def test_forgetting_a_source_record_deletes_its_items(
         assert "Refunded today." not in session.scalars(select(SftExample.completion)).all()
         assert session.get(DatasetVersion, version.id).tainted_at is not None  # type: ignore[union-attr]
     assert SECRET_FIX in texts_stored(sessions)  # nobody else's data went
+    code, out, err = run_cli(capsys, "dataset", "export", str(version.id), "--out", "x")
+    assert code != 0
+    assert "tainted" in err
 
 
 @pytest.mark.parametrize(
