@@ -187,6 +187,13 @@ class RecipeCreate(StrictModel):
     replay_fraction: float = Field(default=0.25, ge=0, le=1)
     ngram: int = Field(default=13, ge=1, le=64)
     curriculum: Literal["easy_first", "none"] = "easy_first"
+    mix: dict[Name, Annotated[float, Field(gt=0, le=1)]] = Field(
+        default_factory=dict, description="Other domain -> share of its train items mixed in."
+    )
+    source_weights: dict[
+        Literal["feedback", "ticket", "repository", "task_file", "api"],
+        Annotated[float, Field(ge=0, le=1e6)],
+    ] = Field(default_factory=dict, description="Source kind -> multiplier of its weights.")
 
 
 class DatasetVersionRead(BaseModel):

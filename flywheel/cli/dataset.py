@@ -44,6 +44,12 @@ def build(
     ),
     ngram: int = typer.Option(DEFAULTS.ngram, help="Decontamination n-gram length (words)."),
     curriculum: str = typer.Option(DEFAULTS.curriculum, help="easy_first or none."),
+    mix: list[str] = typer.Option(
+        [], "--mix", help="DOMAIN=SHARE: mix in that share (0..1] of another domain's train items."
+    ),
+    source_weight: list[str] = typer.Option(
+        [], "--source-weight", help="KIND=WEIGHT: scale a source's train weights (0 drops it)."
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Build the domain's next version from its eligible signal (or say nothing changed)."""
@@ -52,6 +58,8 @@ def build(
         replay_fraction=replay_fraction,
         ngram=ngram,
         curriculum=curriculum,
+        mix=_pairs("--mix", mix),
+        source_weights=_pairs("--source-weight", source_weight),
     )
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
@@ -62,6 +70,20 @@ def build(
         data = _version_json(built.version, domain) | {"is_new": built.is_new}
     verb = "built" if built.is_new else "nothing new since"
     emit(data, as_json=as_json, text=f"{verb} {domain} v{data['version']}: {data['stats']}")
+
+
+def _pairs(option: str, values: list[str]) -> dict[str, float]:
+    """NAME=NUMBER options as a dict."""
+    found: dict[str, float] = {}
+    for value in values:
+        name, sign, number = value.partition("=")
+        try:
+            found[name.strip()] = float(number)
+        except ValueError:
+            sign = ""
+        if not sign or not name.strip():
+            raise InvalidInput(f"{option} takes NAME=NUMBER, not {value!r}")
+    return found
 
 
 @dataset.command("list")

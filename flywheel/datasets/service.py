@@ -9,6 +9,13 @@ What a version holds:
   overlap or near-duplicate: flywheel.datasets.decontamination), counted in the stats.
 Eligible: weight > 0 (retracted items are out), not a near-duplicate of another item, and for
 code tasks a verifier status of usable.
+
+Mixing (`Recipe.mix`): a share of each named domain's train items joins train, drawn by content
+hash; only from groups that domain's own builds placed in train and never an item it evaluated
+on, and train is decontaminated against that domain's eval items too. A domain must have a
+version of its own before it can be mixed in. `Recipe.source_weights` scales train items'
+weights by their source kind (0 leaves a source out). Both are part of the recipe, so of the
+manifest hash; a changed mix makes a new version even when no item is new.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import json
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
 from sqlalchemy import Table, and_, or_, select, text
@@ -30,8 +37,15 @@ from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import utcnow
 from flywheel.errors import InvalidInput
-from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
+from flywheel.signals.models import (
+    SOURCE_KINDS,
+    LabeledCompletion,
+    PreferencePair,
+    SftExample,
+    VerifiableTask,
+)
 from flywheel.signals.service import domain_id_of
+from flywheel.tenancy.models import Domain
 
 MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
 
@@ -46,6 +60,10 @@ class Recipe:
     ngram: int = 13
     near_duplicate_threshold: float = 0.85
     curriculum: str = "easy_first"  # tasks by verifier pass rate, highest first; or "none"
+    # other domains of the tenant -> the share (0, 1] of their train items mixed into train
+    mix: dict[str, float] = field(default_factory=dict)
+    # source kind -> a multiplier of its train items' weights (0 leaves the source out)
+    source_weights: dict[str, float] = field(default_factory=dict)
 
     def check(self) -> None:
         if not 0 <= self.eval_fraction < 1:
@@ -56,6 +74,15 @@ class Recipe:
             raise InvalidInput(f"the n-gram length must be at least 1, not {self.ngram}")
         if self.curriculum not in ("easy_first", "none"):
             raise InvalidInput(f"curriculum must be easy_first or none, not {self.curriculum!r}")
+        for name, share in self.mix.items():
+            if not 0 < share <= 1:
+                raise InvalidInput(f"the mixing share of domain {name!r} must be in (0, 1]")
+        for kind, weight in self.source_weights.items():
+            if kind not in SOURCE_KINDS:
+                known = ", ".join(SOURCE_KINDS)
+                raise InvalidInput(f"unknown source kind {kind!r} (one of {known})")
+            if not 0 <= weight < float("inf"):
+                raise InvalidInput(f"the weight of source {kind!r} must be >= 0, not {weight}")
 
 
 @dataclass(frozen=True)
@@ -84,7 +111,9 @@ class Item:
     weight: float
     text: str
     minhash: bytes | None
+    source_kind: str
     difficulty: float | None = None
+    mixed_from: str | None = None  # the other domain it was mixed in from
 
 
 @dataclass
@@ -106,12 +135,19 @@ def build_dataset_version(
     parent = latest_version(session=session, domain_id=domain_id)
     history = _History.load(session, domain_id)
     eligible = list(_eligible_items(session, domain_id))
+    mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, history, eligible)
     number = (parent.version + 1) if parent else 1
-    evaluation, train, stats = _choose(eligible, splits, history, recipe, number)
-    if parent is not None and not stats["new"] and not stats["new_eval"]:
+    evaluation, train, stats = _choose([*eligible, *mixed], splits, history, recipe, number)
+    if (
+        parent is not None
+        and not stats["new"]
+        and not stats["new_eval"]
+        and _same_mix(parent, recipe)
+    ):
         return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
-    train, contaminated = _decontaminate(train, evaluation, recipe)
+    train, stats["source_weighted_out"] = _source_weighted(train, recipe.source_weights)
+    train, contaminated = _decontaminate(train, [*evaluation, *their_eval], recipe)
     stats["contaminated"] = dict(contaminated)
     ordered = {"eval": _ordered(evaluation, "none"), "train": _ordered(train, recipe.curriculum)}
     manifest, eval_sha256 = _manifest(ordered, recipe)
@@ -223,8 +259,75 @@ def _eligible_items(session: Session, domain_id: uuid.UUID) -> Iterator[Item]:
                 weight=row.weight,
                 text=_text_of(row),
                 minhash=row.minhash,
+                source_kind=row.source_kind,
                 difficulty=getattr(row, "difficulty", None),
             )
+
+
+def _same_mix(parent: DatasetVersion, recipe: Recipe) -> bool:
+    """Whether the parent was mixed and weighted as the recipe asks (a changed mix makes a
+    new version even when no item is new; the other fields only act on new items)."""
+    return bool(
+        parent.recipe.get("mix", {}) == recipe.mix
+        and parent.recipe.get("source_weights", {}) == recipe.source_weights
+    )
+
+
+def _mixed_items(
+    session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: Recipe
+) -> tuple[list[Item], list[Item]]:
+    """The recipe's share of each mixed-in domain's train items, and those domains' eval items
+    (train is decontaminated against them too). Only groups that domain's own builds put in
+    train are drawn from (its eval set stays unseen), never an item it ever evaluated on;
+    drawn by content hash (the same items every time for the same share)."""
+    items: list[Item] = []
+    their_eval: list[Item] = []
+    for name, share in sorted(recipe.mix.items()):
+        other = _mixed_domain(session, tenant_id, domain_id, name)
+        train_groups = set(
+            session.scalars(
+                select(DatasetGroup.group_key).where(
+                    DatasetGroup.domain_id == other, DatasetGroup.split == "train"
+                )
+            )
+        )
+        evaluated = _History.load(session, other).evaluated
+        for item in _eligible_items(session, other):
+            if item.group_key not in train_groups or (item.kind, item.id) in evaluated:
+                their_eval.append(item)  # or not yet placed: compared against, never drawn
+            elif _drawn(f"mix:{other}", item, share):
+                items.append(replace(item, mixed_from=name))
+    return items, their_eval
+
+
+def _mixed_domain(
+    session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, name: str
+) -> uuid.UUID:
+    other = session.scalars(
+        select(Domain.id).where(Domain.tenant_id == tenant_id, Domain.name == name)
+    ).first()
+    if other is None:
+        raise InvalidInput(f"cannot mix in domain {name!r}: the tenant has no such domain")
+    if other == domain_id:
+        raise InvalidInput(f"domain {name!r} is the one being built: mix in other domains")
+    if latest_version(session=session, domain_id=other) is None:
+        raise InvalidInput(
+            f"cannot mix in {name!r} before it has a dataset version of its own (its eval "
+            f"set must be frozen first): flywheel dataset build --domain {name}"
+        )
+    return other
+
+
+def _source_weighted(train: list[Item], weights: dict[str, float]) -> tuple[list[Item], int]:
+    """Train items with their source's weight applied, and how many were weighted to 0 (and
+    left out)."""
+    if not weights:
+        return train, 0
+    weighted = [
+        replace(item, weight=item.weight * weights.get(item.source_kind, 1.0)) for item in train
+    ]
+    kept = [item for item in weighted if item.weight > 0]
+    return kept, len(weighted) - len(kept)
 
 
 def _text_of(row: Any) -> str:
@@ -280,22 +383,27 @@ def _choose(
     counts: Counter[str] = Counter()
     for item in eligible:
         key = (item.kind, item.id)
-        if splits.of(item.group_key) == "eval" or key in history.evaluated:
+        if item.mixed_from is not None:
+            counts[f"mixed:{item.mixed_from}"] += 1
+        if item.mixed_from is None and (
+            splits.of(item.group_key) == "eval" or key in history.evaluated
+        ):
             evaluation.append(item)
             counts["new_eval"] += key not in history.evaluated
         elif key not in history.seen:
             train.append(item)
             counts["new"] += 1
-        elif _replayed(item, recipe.replay_fraction, number):
+        elif _drawn(str(number), item, recipe.replay_fraction):  # replay: afresh each version
             train.append(item)
             counts["replayed"] += 1
     names = ("new", "new_eval", "replayed")
-    return evaluation, train, {name: counts[name] for name in names}
+    mixed = {key.partition(":")[2]: n for key, n in sorted(counts.items()) if ":" in key}
+    return evaluation, train, {name: counts[name] for name in names} | {"mixed": mixed}
 
 
-def _replayed(item: Item, fraction: float, number: int) -> bool:
-    """A deterministic sample of old items, drawn afresh for each version number."""
-    digest = hashlib.sha256(f"{number}\n{item.content_sha256}".encode()).digest()
+def _drawn(salt: str, item: Item, fraction: float) -> bool:
+    """A deterministic sample: the same salt and fraction draw the same items."""
+    digest = hashlib.sha256(f"{salt}\n{item.content_sha256}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 

@@ -79,3 +79,29 @@ def test_scopes_validation_and_isolation(
     assert built.json()["stats"]["train"] == {}  # globex's own, empty billing domain
     theirs = client.get("/v1/datasets", params={"domain": "billing"}, headers=acme.headers)
     assert theirs.json()["items"] == []
+
+
+def test_a_recipe_with_source_weights_is_recorded_and_a_bad_mix_is_a_422(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    builder = make_caller(sessions, scopes=("models:write", "data:read"))
+    store_examples(sessions, builder, 5)
+
+    bad = client.post(
+        "/v1/datasets/billing/versions", json={"mix": {"support": 1.5}}, headers=builder.headers
+    )
+    unknown = client.post(
+        "/v1/datasets/billing/versions", json={"mix": {"support": 0.5}}, headers=builder.headers
+    )
+    built = client.post(
+        "/v1/datasets/billing/versions",
+        json={"source_weights": {"ticket": 0.5}},
+        headers=builder.headers,
+    )
+
+    assert bad.status_code == 422
+    assert bad.json()["error"]["code"]
+    assert unknown.status_code == 422
+    assert "no such domain" in unknown.json()["error"]["message"]
+    assert built.status_code == 201, built.text
+    assert built.json()["recipe"]["source_weights"] == {"ticket": 0.5}
