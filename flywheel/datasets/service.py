@@ -28,7 +28,9 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
-from sqlalchemy import Table, and_, or_, select, text
+import orjson
+from sqlalchemy import Table, Text, and_, null, or_, select, text
+from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import insert_ignoring_conflicts
@@ -234,11 +236,21 @@ class _History:
 
 
 def _eligible_items(session: Session, domain_id: uuid.UUID) -> Iterator[Item]:
+    """Plain rows (no ORM objects: a build reads every item of the domain), in chunks."""
     for kind in KINDS:
         model = kind.model
-        query = select(model).where(
-            model.domain_id == domain_id, model.weight > 0, model.duplicate_of_id.is_(None)
-        )
+        texts = _text_columns(model)
+        difficulty = VerifiableTask.difficulty if model is VerifiableTask else null()
+        query = select(
+            model.id,
+            model.group_key,
+            model.content_sha256,
+            model.weight,
+            model.minhash,
+            model.source_kind,
+            difficulty,
+            *texts,
+        ).where(model.domain_id == domain_id, model.weight > 0, model.duplicate_of_id.is_(None))
         if model is VerifiableTask:
             query = query.where(
                 or_(
@@ -249,19 +261,41 @@ def _eligible_items(session: Session, domain_id: uuid.UUID) -> Iterator[Item]:
                     ),
                 )
             )
-        rows: Iterable[Any] = session.scalars(query.execution_options(yield_per=2_000))
-        for row in rows:
+        rows = session.execute(query.execution_options(stream_results=True, yield_per=5_000))
+        for item_id, group_key, sha256, weight, minhash, source, ease, *parts in rows:
             yield Item(
                 kind=kind.name,
-                id=row.id,
-                group_key=row.group_key,
-                content_sha256=row.content_sha256,
-                weight=row.weight,
-                text=_text_of(row),
-                minhash=row.minhash,
-                source_kind=row.source_kind,
-                difficulty=getattr(row, "difficulty", None),
+                id=item_id,
+                group_key=group_key,
+                content_sha256=sha256,
+                weight=weight,
+                text=_text_of(parts),
+                minhash=minhash,
+                source_kind=source,
+                difficulty=ease,
             )
+
+
+def _text_columns(model: Any) -> tuple[Any, ...]:
+    """The columns of the text decontamination compares: what a model would read or write
+    (a task's prompt; a conversation, as JSON text, and its responses)."""
+    if model is VerifiableTask:
+        return (model.prompt,)
+    if model is PreferencePair:
+        return (cast_(model.messages, Text), model.chosen, model.rejected)
+    return (cast_(model.messages, Text), model.completion)
+
+
+def _text_of(parts: list[Any]) -> str:
+    if len(parts) == 1:
+        return str(parts[0])
+    messages_json, *responses = parts
+    messages = orjson.loads(messages_json) if isinstance(messages_json, str) else messages_json
+    # System prompts are left out: a fixed one of 13+ words would make every item "overlap".
+    prompt = "\n".join(
+        str(message.get("content", "")) for message in messages if message.get("role") != "system"
+    )
+    return "\n".join([prompt, *responses])
 
 
 def _same_mix(parent: DatasetVersion, recipe: Recipe) -> bool:
@@ -328,21 +362,6 @@ def _source_weighted(train: list[Item], weights: dict[str, float]) -> tuple[list
     ]
     kept = [item for item in weighted if item.weight > 0]
     return kept, len(weighted) - len(kept)
-
-
-def _text_of(row: Any) -> str:
-    """The text decontamination compares: what a model would read or write."""
-    if isinstance(row, VerifiableTask):
-        return row.prompt
-    # System prompts are left out: a fixed one of 13+ words would make every item "overlap".
-    prompt = "\n".join(
-        str(message.get("content", ""))
-        for message in row.messages
-        if message.get("role") != "system"
-    )
-    if isinstance(row, PreferencePair):
-        return f"{prompt}\n{row.chosen}\n{row.rejected}"
-    return f"{prompt}\n{row.completion}"
 
 
 @dataclass
@@ -486,20 +505,31 @@ def _record_groups(
 def _insert_members(
     session: Session, version_id: uuid.UUID, ordered: dict[str, list[Item]]
 ) -> None:
-    columns = {kind.member_column: None for kind in KINDS}
-    kinds = {kind.name: kind for kind in KINDS}
-    rows = [
-        {
-            "id": uuid.uuid4(),
-            "dataset_version_id": version_id,
-            "split": split,
-            "group_key": item.group_key,
-            **columns,
-            kinds[item.kind].member_column: item.id,
-            "weight": item.weight,
-            "position": position,
-        }
-        for split, items in ordered.items()
-        for position, item in enumerate(items)
-    ]
-    insert_ignoring_conflicts(session, MEMBERS, rows)
+    """Every member row, new ids in a new version (nothing to conflict with): COPY on
+    PostgreSQL, one executemany on SQLite."""
+    slot = {kind.name: index for index, kind in enumerate(KINDS)}
+    names = ["id", "dataset_version_id", "split", "group_key", "weight", "position"]
+    names += [kind.member_column for kind in KINDS]
+
+    def rows() -> Iterator[list[Any]]:
+        for split, items in ordered.items():
+            for position, item in enumerate(items):
+                refs: list[uuid.UUID | None] = [None] * len(KINDS)
+                refs[slot[item.kind]] = item.id
+                yield [
+                    uuid.uuid4(),
+                    version_id,
+                    split,
+                    item.group_key,
+                    item.weight,
+                    position,
+                    *refs,
+                ]
+
+    if session.get_bind().dialect.name == "postgresql":
+        cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        with cursor.copy(f"COPY dataset_members ({', '.join(names)}) FROM STDIN") as copy:
+            for row in rows():
+                copy.write_row(row)
+        return
+    session.execute(MEMBERS.insert(), [dict(zip(names, row, strict=True)) for row in rows()])
