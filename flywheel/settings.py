@@ -35,6 +35,12 @@ class Settings(BaseSettings):
         "Off: a dropped connection fails one request and the pool is refreshed.",
     )
 
+    mlflow_tracking_uri: str | None = Field(
+        default=None,
+        description="MLflow tracking server (http://mlflow.internal:5000) or store URI. "
+        "Unset: a SQLite-backed store in the workspace, artifacts beside it.",
+    )
+
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")
     rate_limit_per_s: float = Field(
         default=50.0, gt=0, description="Sustained requests per second per API key (per process)."
@@ -53,6 +59,17 @@ class Settings(BaseSettings):
         if self.database_url is not None:
             return self.database_url.get_secret_value()
         return f"sqlite:///{(self.home / 'flywheel.db').resolve()}"
+
+    @property
+    def resolved_mlflow_tracking_uri(self) -> str:
+        if self.mlflow_tracking_uri:
+            return self.mlflow_tracking_uri
+        return f"sqlite:///{(self.home / 'mlflow.db').resolve()}"
+
+    @property
+    def mlflow_artifact_root(self) -> Path:
+        """Where the embedded store keeps artifacts (a server keeps its own)."""
+        return (self.home / "mlartifacts").resolve()
 
     @property
     def is_embedded(self) -> bool:

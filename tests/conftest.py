@@ -33,10 +33,16 @@ POSTGRES_ADMIN_URL = os.environ.get(
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """On SQLite, leave out (deselect, not skip) what only PostgreSQL can show."""
+    """On SQLite, leave out (deselect, not skip) what only PostgreSQL can show, and what never
+    touches a database (training: minutes that the PostgreSQL pass already spent)."""
     if BACKEND != "sqlite":
         return
-    kept = [item for item in items if item.get_closest_marker("postgres_only") is None]
+    kept = [
+        item
+        for item in items
+        if item.get_closest_marker("postgres_only") is None
+        and item.get_closest_marker("no_database") is None
+    ]
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept
 
