@@ -41,6 +41,12 @@ class Settings(BaseSettings):
         "Unset: a SQLite-backed store in the workspace, artifacts beside it.",
     )
 
+    base_model: Path | None = Field(
+        default=None,
+        description="The base model directory `flywheel train` adapts (a domain's own "
+        "`base_model` config comes first).",
+    )
+
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")
     rate_limit_per_s: float = Field(
         default=50.0, gt=0, description="Sustained requests per second per API key (per process)."

@@ -1,0 +1,216 @@
+"""`flywheel train`: export a dataset version, run the recipe in a subprocess, record the run.
+
+The trainer runs as a subprocess (`python -m finetune`, or `accelerate launch` on several
+GPUs) so that an out-of-memory error or a CUDA crash never takes the caller down, and so that
+a training host needs no database credentials. Its stderr (progress, warnings) is passed
+through as it comes; its last stdout line is the outcome (MLflow run id, adapter).
+
+A run's directory, `<workspace>/runs/<training run id>/`, holds the export (`dataset/`), the
+checkpoints and the adapter (`job/`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.datasets.export import export_version
+from flywheel.datasets.models import DatasetVersion
+from flywheel.datasets.reader import version_manifest, version_streams
+from flywheel.db import unit_of_work, utcnow
+from flywheel.errors import InvalidInput, InvalidState, NotFound
+from flywheel.registry.models import TrainingRun
+from flywheel.settings import Settings
+from flywheel.tenancy.models import Domain
+
+METHODS = ("sft", "dpo", "grpo")
+INTERRUPTED_EXIT = 75  # finetune's "stopped on SIGTERM, checkpointed"
+
+
+@dataclass(frozen=True)
+class TrainRequest:
+    tenant_id: uuid.UUID
+    domain: str
+    method: str
+    dataset_version: int | None = None  # None: the latest untainted version
+    base: Path | None = None  # None: the domain's `base_model`, then FLYWHEEL_BASE_MODEL
+    config: Path | None = None
+    overrides: tuple[str, ...] = ()
+    gpus: int = 1
+
+
+@dataclass(frozen=True)
+class TrainResult:
+    run_id: uuid.UUID
+    status: str
+    mlflow_run_id: str | None
+    adapter_uri: str | None
+    run_dir: Path
+    error: str | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "training_run_id": str(self.run_id),
+            "status": self.status,
+            "mlflow_run_id": self.mlflow_run_id,
+            "adapter_uri": self.adapter_uri,
+            "run_dir": str(self.run_dir),
+            "error": self.error,
+        }
+
+
+def train(
+    sessions: sessionmaker[Session], request: TrainRequest, settings: Settings
+) -> TrainResult:
+    """Export, train, record: the run row is `running` while the subprocess works, then
+    `succeeded`, `failed` or `cancelled` (stopped by SIGTERM; its checkpoints remain)."""
+    if request.method not in METHODS:
+        raise InvalidInput(f"unknown training method {request.method!r}: sft, dpo or grpo")
+    if request.gpus < 1:
+        raise InvalidInput(f"--gpus must be at least 1, not {request.gpus}")
+    with unit_of_work(sessions) as session:
+        domain, version = _version(session, request)
+        base = _base(request, domain, settings)
+        run = _start_run(session, request, version, base)
+        run_dir = (settings.home / "runs" / str(run.id)).resolve()
+        export_version(
+            run_dir / "dataset",
+            "trl",
+            version_streams(session, version),
+            version_manifest(version, domain.name),
+        )
+    command = _command(request, run_dir, base)
+    code, outcome, error = _run(command)
+    status = "succeeded" if code == 0 else "cancelled" if code == INTERRUPTED_EXIT else "failed"
+    with unit_of_work(sessions) as session:
+        row = session.get_one(TrainingRun, run.id)
+        row.status = status
+        row.finished_at = utcnow()
+        row.mlflow_run_id = (outcome or {}).get("mlflow_run_id")
+        row.error = None if code == 0 else error or f"the trainer exited with status {code}"
+    return TrainResult(
+        run.id,
+        status,
+        (outcome or {}).get("mlflow_run_id"),
+        (outcome or {}).get("adapter_uri"),
+        run_dir,
+        None if code == 0 else row.error,
+    )
+
+
+def _version(session: Session, request: TrainRequest) -> tuple[Domain, DatasetVersion]:
+    domain = session.scalars(
+        select(Domain).where(Domain.tenant_id == request.tenant_id, Domain.name == request.domain)
+    ).first()
+    if domain is None:
+        raise NotFound(f"domain {request.domain!r} not found")
+    query = select(DatasetVersion).where(DatasetVersion.domain_id == domain.id)
+    if request.dataset_version is not None:
+        query = query.where(DatasetVersion.version == request.dataset_version)
+    else:
+        query = query.where(DatasetVersion.tainted_at.is_(None))
+    version = session.scalars(query.order_by(DatasetVersion.version.desc()).limit(1)).first()
+    if version is None:
+        which = f"v{request.dataset_version}" if request.dataset_version else "an untainted version"
+        raise NotFound(
+            f"domain {request.domain!r} has no dataset {which}: "
+            f"flywheel dataset build --domain {request.domain}"
+        )
+    if version.tainted_at is not None:
+        raise InvalidState(
+            f"v{version.version} of {request.domain} is tainted (data it used was forgotten): "
+            "build a new version and train on that"
+        )
+    return domain, version
+
+
+def _base(request: TrainRequest, domain: Domain, settings: Settings) -> Path:
+    configured = domain.config.get("base_model") if isinstance(domain.config, dict) else None
+    base = request.base or (Path(str(configured)) if configured else settings.base_model)
+    if base is None:
+        raise InvalidInput(
+            "no base model: pass --base DIR, set the domain's base_model or FLYWHEEL_BASE_MODEL"
+        )
+    if not (base / "config.json").is_file():
+        raise InvalidInput(f"{base} is not a model directory (no config.json)")
+    return base.resolve()
+
+
+def _start_run(
+    session: Session, request: TrainRequest, version: DatasetVersion, base: Path
+) -> TrainingRun:
+    config: dict[str, Any] = {
+        "base": str(base),
+        "config_file": str(request.config) if request.config else None,
+        "config_text": request.config.read_text(encoding="utf-8") if request.config else None,
+        "overrides": list(request.overrides),
+        "gpus": request.gpus,
+    }
+    run = TrainingRun(
+        tenant_id=version.tenant_id,
+        domain_id=version.domain_id,
+        dataset_version_id=version.id,
+        method=request.method,
+        config=config,
+        config_sha256=hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest(),
+        status="running",
+        started_at=utcnow(),
+    )
+    session.add(run)
+    session.flush()
+    return run
+
+
+def _command(request: TrainRequest, run_dir: Path, base: Path) -> list[str]:
+    launcher = [sys.executable, "-m"]
+    if request.gpus > 1:
+        launcher = [sys.executable, "-m", "accelerate.commands.launch"]
+        launcher += ["--num_processes", str(request.gpus), "-m"]
+    arguments = ["finetune", request.method, "--dataset", str(run_dir / "dataset")]
+    arguments += ["--base", str(base), "--out", str(run_dir / "job")]
+    if request.config is not None:
+        arguments += ["--config", str(request.config.resolve())]
+    return [*launcher, *arguments, *request.overrides]
+
+
+def _run(command: Sequence[str]) -> tuple[int, dict[str, Any] | None, str | None]:
+    """Run the trainer: its stderr passed through, its last stderr line kept (a bad-input
+    error is one line), its last stdout line read as the outcome."""
+    last_error: list[str] = []
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as child:
+        relay = threading.Thread(target=_relay, args=(child.stderr, last_error), daemon=True)
+        relay.start()
+        assert child.stdout is not None
+        lines = child.stdout.read().strip().splitlines()
+        code = child.wait()
+        relay.join()
+    outcome = None
+    if lines:
+        try:
+            outcome = json.loads(lines[-1])
+        except ValueError:
+            outcome = None
+    error = last_error[-1].removeprefix("error: ") if last_error else None
+    return code, outcome, error
+
+
+def _relay(stream: IO[str] | None, last: list[str]) -> None:
+    if stream is None:
+        return
+    for line in stream:
+        sys.stderr.write(line)
+        if line.strip():
+            last[:] = [line.strip()]
