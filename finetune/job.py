@@ -57,6 +57,8 @@ class Outcome:
     adapter_dir: Path | None = None
     adapter_uri: str | None = None
     losses: dict[int, float] = field(default_factory=dict)  # logged loss by step
+    train_runtime_s: float | None = None  # the trainer's own measure of `train()`
+    tokens_seen: int = 0  # input tokens trained on (non-padding where the recipe counts)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -125,7 +127,15 @@ def run_training(
             for entry in trainer.state.log_history
             if "loss" in entry
         }
-        outcome = Outcome("finished", run_id, trainer.state.global_step, losses=losses)
+        runtime = [e["train_runtime"] for e in trainer.state.log_history if "train_runtime" in e]
+        outcome = Outcome(
+            "finished",
+            run_id,
+            trainer.state.global_step,
+            losses=losses,
+            train_runtime_s=float(runtime[-1]) if runtime else None,
+            tokens_seen=int(trainer.state.num_input_tokens_seen or 0),
+        )
         if stop.is_interrupted:
             log.warning("stopped on SIGTERM at step %d: resume with --resume", outcome.global_step)
             outcome.status = "interrupted"
