@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import json
 import logging
 import sys
 from pathlib import Path
 
-from finetune.config import load_config
+from finetune.config import GrpoConfig, load_config
 from finetune.data import FILES, check_tasks, open_export
 from finetune.errors import TrainingInputError
 from finetune.job import INTERRUPTED_EXIT, Job
@@ -44,6 +45,12 @@ def preflight(job: Job) -> None:
     if job.method == "grpo":
         check_tasks(export.root / f"train/{FILES['grpo']}")
     check_base(job.base)
+    optional = {"liger_kernel": job.config.use_liger_kernel}
+    if isinstance(job.config, GrpoConfig):
+        optional["vllm"] = job.config.use_vllm
+    for module, wanted in optional.items():
+        if wanted and importlib.util.find_spec(module) is None:
+            raise TrainingInputError(f"the config asks for {module}, which is not installed")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -196,6 +196,7 @@ def code_task_without_tests(tmp_path: Path) -> Path:
         ("grpo", "generations", "must divide the generation batch"),
         ("grpo", "no tests", "a code task without tests"),
         ("dpo", "nothing to train on", "has no train/dpo.jsonl"),
+        ("grpo", "vllm", "asks for vllm, which is not installed"),
     ],
 )
 def test_bad_input_is_one_line_before_any_training(
@@ -222,6 +223,8 @@ def test_bad_input_is_one_line_before_any_training(
         extra.append("num_generations=3")
     elif case == "no tests":
         dataset = code_task_without_tests(tmp_path)
+    elif case == "vllm":
+        extra.append("use_vllm=true")
     elif case == "nothing to train on":
         dataset = write_export(tmp_path / "sft-only", sft=[sft_record(PROBLEMS[0])])
 
