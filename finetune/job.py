@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -94,7 +93,7 @@ def training_arguments(config: TrainingConfig, job: Job) -> dict[str, Any]:
         "use_liger_kernel": config.use_liger_kernel,
         "use_cpu": not torch.cuda.is_available(),
         "report_to": "none",
-        "disable_tqdm": not os.isatty(2),
+        "disable_tqdm": False,  # progress on stderr, wherever it goes
     }
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -185,32 +186,42 @@ def _command(request: TrainRequest, run_dir: Path, base: Path) -> list[str]:
 
 
 def _run(command: Sequence[str]) -> tuple[int, dict[str, Any] | None, str | None]:
-    """Run the trainer: its stderr passed through, its last stderr line kept (a bad-input
-    error is one line), its last stdout line read as the outcome."""
-    last_error: list[str] = []
-    with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-    ) as child:
-        relay = threading.Thread(target=_relay, args=(child.stderr, last_error), daemon=True)
-        relay.start()
-        assert child.stdout is not None
-        lines = child.stdout.read().strip().splitlines()
+    """Run the trainer with both of its streams passed through to our stderr as they come
+    (progress bars included); keep its last stderr line (a bad-input error is one line) and
+    read its last stdout line as the outcome."""
+    last_out: list[str] = []
+    last_err: list[str] = []
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+        relays = [
+            threading.Thread(target=_relay, args=(child.stdout, last_out), daemon=True),
+            threading.Thread(target=_relay, args=(child.stderr, last_err), daemon=True),
+        ]
+        for relay in relays:
+            relay.start()
         code = child.wait()
-        relay.join()
+        for relay in relays:
+            relay.join()
     outcome = None
-    if lines:
+    if last_out:
         try:
-            outcome = json.loads(lines[-1])
+            outcome = json.loads(last_out[0])
         except ValueError:
             outcome = None
-    error = last_error[-1].removeprefix("error: ") if last_error else None
+    error = last_err[0].removeprefix("error: ") if last_err else None
     return code, outcome, error
 
 
-def _relay(stream: IO[str] | None, last: list[str]) -> None:
+def _relay(stream: IO[bytes] | None, last: list[str]) -> None:
+    """Copy a child's stream to our stderr chunk by chunk (a progress bar redraws with \r, not
+    a newline), remembering its last non-empty line."""
     if stream is None:
         return
-    for line in stream:
-        sys.stderr.write(line)
-        if line.strip():
-            last[:] = [line.strip()]
+    tail = ""
+    while chunk := os.read(stream.fileno(), 65536):
+        text = chunk.decode("utf-8", errors="replace")
+        sys.stderr.write(text)
+        sys.stderr.flush()
+        tail = (tail + text)[-65536:]
+        lines = [line.strip() for line in tail.replace("\r", "\n").split("\n") if line.strip()]
+        if lines:
+            last[:] = [lines[-1]]
