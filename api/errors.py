@@ -17,6 +17,7 @@ from flywheel.errors import (
     InvalidState,
     NotFound,
     RateLimited,
+    RegistryUnavailable,
     SandboxUnavailable,
     Unauthenticated,
 )
@@ -30,6 +31,7 @@ STATUS_BY_CODE = {
     Forbidden.code: 403,
     RateLimited.code: 429,
     SandboxUnavailable.code: 503,
+    RegistryUnavailable.code: 503,
 }
 
 CODE_BY_HTTP_STATUS = {

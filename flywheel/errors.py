@@ -50,3 +50,9 @@ class RateLimited(FlywheelError):
 
 class SandboxUnavailable(FlywheelError):
     code = "sandbox_unavailable"
+
+
+class RegistryUnavailable(FlywheelError):
+    """MLflow could not be reached or refused a registry call; nothing was moved."""
+
+    code = "registry_unavailable"

@@ -9,7 +9,7 @@ import typer
 from sqlalchemy.exc import OperationalError
 from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; not re-exported
 
-from flywheel.cli import admin, dataset, redact, sandbox, server, train, verify
+from flywheel.cli import admin, dataset, models, redact, sandbox, server, train, verify
 from flywheel.errors import FlywheelError
 
 app = typer.Typer(
@@ -29,6 +29,7 @@ app.add_typer(admin.keys, name="keys")
 app.add_typer(admin.domains, name="domains")
 app.add_typer(sandbox.sandbox, name="sandbox")
 app.add_typer(dataset.dataset, name="dataset")
+app.add_typer(models.models, name="models")
 
 
 def _add_plugins() -> None:

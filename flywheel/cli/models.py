@@ -1,0 +1,134 @@
+"""`flywheel models list|promote|rollback --domain D`: the domain's adapters and its champion."""
+
+from __future__ import annotations
+
+import getpass
+from typing import Any
+
+import typer
+
+from flywheel.cli.common import JsonOption, database_session, emit, resolve_tenant_id, settings
+from flywheel.registry import service
+from flywheel.registry.mlflow_registry import MlflowRegistry
+from flywheel.registry.models import ModelVersion, PromotionEvent
+
+models = typer.Typer(help="List, promote and roll back a domain's adapters.", no_args_is_help=True)
+
+DomainOption = typer.Option(..., "--domain", help="The domain.")
+TenantOption = typer.Option(None, "--tenant", help="The tenant (when there is more than one).")
+ReasonOption = typer.Option("", "--reason", help="Why: kept in the audit trail.")
+
+
+def _registry() -> MlflowRegistry:
+    return MlflowRegistry(settings().resolved_mlflow_tracking_uri)
+
+
+def _actor() -> str:
+    return f"cli:{getpass.getuser()}"
+
+
+@models.command("list")
+def list_command(
+    domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
+) -> None:
+    """The domain's versions (newest first), which is champion, and the history of moves."""
+    with database_session() as session:
+        found = service.list_models(
+            session=session, tenant_id=resolve_tenant_id(session, tenant), domain=domain
+        )
+        champion = found.champion.id if found.champion else None
+        versions = [version_json(v, is_champion=v.id == champion) for v in found.versions]
+        data: dict[str, Any] = {
+            "registered_model": found.name,
+            "champion": found.champion.version if found.champion else None,
+            "versions": versions,
+            "history": [event_json(e, found.versions) for e in found.history],
+        }
+    lines = [
+        f"v{v['version']}  {v['created_at'][:19]}  gate "
+        f"{'passed' if v['gate_result'].get('is_promoted') else 'not passed'}"
+        + ("  CHAMPION" if v["is_champion"] else "")
+        + ("  TAINTED" if v["tainted_at"] else "")
+        for v in versions
+    ]
+    emit(data, as_json=as_json, text="\n".join(lines) or f"{found.name}: no versions yet")
+
+
+@models.command("promote")
+def promote(
+    version: str = typer.Option(..., "--to", help="The version to make champion."),
+    domain: str = DomainOption,
+    reason: str = ReasonOption,
+    force: bool = typer.Option(False, "--force", help="Even if it did not pass its gate."),
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Make a version the champion (it must have passed its gate unless --force)."""
+    with database_session() as session:
+        event = service.promote(
+            session=session,
+            registry=_registry(),
+            tenant_id=resolve_tenant_id(session, tenant),
+            domain=domain,
+            version=version,
+            actor=_actor(),
+            reason=reason,
+            force=force,
+        )
+        data = event_json(event, None) | {"to": version}
+    emit(data, as_json=as_json, text=f"{domain}: champion is now v{version}")
+
+
+@models.command("rollback")
+def rollback(
+    domain: str = DomainOption,
+    to: str | None = typer.Option(None, "--to", help="A version (default: the previous champion)."),
+    reason: str = ReasonOption,
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Move the champion back to the previous one (or --to a version), without retraining."""
+    with database_session() as session:
+        event = service.rollback(
+            session=session,
+            registry=_registry(),
+            tenant_id=resolve_tenant_id(session, tenant),
+            domain=domain,
+            to=to,
+            actor=_actor(),
+            reason=reason,
+        )
+        target = session.get_one(ModelVersion, event.to_model_version_id)
+        data = event_json(event, None) | {"to": target.version}
+    emit(data, as_json=as_json, text=f"{domain}: rolled back, champion is now v{target.version}")
+
+
+def version_json(version: ModelVersion, *, is_champion: bool) -> dict[str, Any]:
+    return {
+        "id": str(version.id),
+        "version": version.version,
+        "registered_model": version.registered_model,
+        "adapter_uri": version.adapter_uri,
+        "base_model": version.base_model,
+        "training_run_id": str(version.training_run_id) if version.training_run_id else None,
+        "eval_results": version.eval_results,
+        "gate_result": version.gate_result,
+        "is_champion": is_champion,
+        "created_at": version.created_at.isoformat(),
+        "tainted_at": version.tainted_at.isoformat() if version.tainted_at else None,
+    }
+
+
+def event_json(event: PromotionEvent, versions: list[ModelVersion] | None) -> dict[str, Any]:
+    number = {v.id: v.version for v in versions or []}
+    return {
+        "id": str(event.id),
+        "action": event.action,
+        "alias": event.alias,
+        "from": number.get(event.from_model_version_id) if event.from_model_version_id else None,
+        "to": number.get(event.to_model_version_id) if event.to_model_version_id else None,
+        "actor": event.actor,
+        "reason": event.reason,
+        "is_forced": event.is_forced,
+        "created_at": event.created_at.isoformat(),
+    }

@@ -1,0 +1,254 @@
+"""Model versions, promotion and rollback: the database is the record, MLflow the registry.
+
+    register_version(session=..., registry=..., run=..., adapter_uri=..., base_model=...)
+    promote(session=..., registry=..., tenant_id=..., domain=..., version="3", actor=..., ...)
+    rollback(session=..., registry=..., tenant_id=..., domain=..., to=None, actor=..., ...)
+
+Every alias move is a `PromotionEvent` (append-only: actor, from, to, reason, whether forced,
+the gate evidence) and an MLflow tag on the version it moved to. The event is written first
+(flushed, not committed), then the alias is moved in MLflow: if MLflow fails, the error
+rolls the transaction back and nothing moved anywhere. Moves of one domain take turns: a
+second promotion or rollback while one is in progress gets Conflict (409), not a wait.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, text
+from sqlalchemy.exc import OperationalError
+from sqlalchemy.orm import Session
+
+from flywheel.db import utcnow
+from flywheel.errors import Conflict, NotFound
+from flywheel.registry.mlflow_registry import Registry
+from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
+from flywheel.tenancy.models import Domain, Tenant
+
+CHAMPION = "champion"
+CHALLENGER = "challenger"
+
+
+def registered_model_name(session: Session, domain: Domain) -> str:
+    """One registered model per domain: `<tenant>.<domain>`."""
+    tenant = session.get_one(Tenant, domain.tenant_id)
+    return f"{tenant.name}.{domain.name}"
+
+
+def register_version(
+    *,
+    session: Session,
+    registry: Registry,
+    run: TrainingRun,
+    adapter_uri: str,
+    base_model: str,
+    extra_tags: dict[str, str] | None = None,
+) -> ModelVersion:
+    """A new version of the domain's registered model from a training run's adapter, tagged
+    with its lineage, and marked `challenger`."""
+    domain = session.get_one(Domain, run.domain_id)
+    name = registered_model_name(session, domain)
+    tags = {
+        "flywheel.training_run_id": str(run.id),
+        "flywheel.dataset_version_id": str(run.dataset_version_id),
+        "flywheel.method": run.method,
+        "flywheel.base_model": base_model,
+        **(extra_tags or {}),
+    }
+    version = registry.create_version(name, adapter_uri, run.mlflow_run_id, tags)
+    row = ModelVersion(
+        tenant_id=run.tenant_id,
+        domain_id=run.domain_id,
+        training_run_id=run.id,
+        registered_model=name,
+        version=version,
+        adapter_uri=adapter_uri,
+        base_model=base_model,
+    )
+    session.add(row)
+    session.flush()
+    registry.set_alias(name, CHALLENGER, version)
+    return row
+
+
+@dataclass(frozen=True)
+class DomainModels:
+    name: str
+    versions: list[ModelVersion]
+    champion: ModelVersion | None
+    history: list[PromotionEvent]
+
+
+def list_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> DomainModels:
+    """The domain's versions (newest first), its champion and its alias history."""
+    found = _domain(session, tenant_id, domain)
+    versions = session.scalars(
+        select(ModelVersion)
+        .where(ModelVersion.domain_id == found.id)
+        .order_by(ModelVersion.created_at.desc())
+    ).all()
+    history = session.scalars(
+        select(PromotionEvent)
+        .where(PromotionEvent.domain_id == found.id)
+        .order_by(PromotionEvent.created_at.desc())
+    ).all()
+    return DomainModels(
+        registered_model_name(session, found),
+        list(versions),
+        current_champion(session, found.id),
+        list(history),
+    )
+
+
+def current_champion(session: Session, domain_id: uuid.UUID) -> ModelVersion | None:
+    latest = _latest_champion_event(session, domain_id)
+    if latest is None or latest.to_model_version_id is None:
+        return None
+    return session.get(ModelVersion, latest.to_model_version_id)
+
+
+def promote(
+    *,
+    session: Session,
+    registry: Registry,
+    tenant_id: uuid.UUID,
+    domain: str,
+    version: str,
+    actor: str,
+    reason: str = "",
+    force: bool = False,
+) -> PromotionEvent:
+    """Make `version` the champion. It must have passed its gate, unless `force` (audited as
+    forced)."""
+    found = _domain(session, tenant_id, domain)
+    _take_turn(session, found)
+    target = _version(session, found, version)
+    if target.tainted_at is not None and not force:
+        raise Conflict(f"v{version} of {domain} is tainted (trained on forgotten data)")
+    if not target.gate_result.get("is_promoted") and not force:
+        reasons = "; ".join(target.gate_result.get("reasons", [])) or "it has not been gated"
+        raise Conflict(f"v{version} of {domain} did not pass its gate ({reasons}): use --force")
+    current = current_champion(session, found.id)
+    if current is not None and current.id == target.id:
+        raise Conflict(f"v{version} is already the champion of {domain}")
+    return _move(session, registry, found, current, target, "promote", actor, reason, force)
+
+
+def rollback(
+    *,
+    session: Session,
+    registry: Registry,
+    tenant_id: uuid.UUID,
+    domain: str,
+    actor: str,
+    to: str | None = None,
+    reason: str = "",
+    action: str = "rollback",
+) -> PromotionEvent:
+    """Move the champion back to the one it replaced (or to version `to`), at once: nothing is
+    retrained, the earlier adapter is still registered."""
+    found = _domain(session, tenant_id, domain)
+    _take_turn(session, found)
+    current = current_champion(session, found.id)
+    if current is None:
+        raise Conflict(f"{domain} has no champion to roll back")
+    if to is not None:
+        target = _version(session, found, to)
+    else:
+        latest = _latest_champion_event(session, found.id)
+        previous = latest.from_model_version_id if latest else None
+        if previous is None:
+            raise Conflict(f"{domain} has no previous champion to roll back to")
+        target = session.get_one(ModelVersion, previous)
+    if target.id == current.id:
+        raise Conflict(f"v{target.version} is already the champion of {domain}")
+    return _move(session, registry, found, current, target, action, actor, reason, False)
+
+
+def _move(
+    session: Session,
+    registry: Registry,
+    domain: Domain,
+    current: ModelVersion | None,
+    target: ModelVersion,
+    action: str,
+    actor: str,
+    reason: str,
+    force: bool,
+) -> PromotionEvent:
+    event = PromotionEvent(
+        tenant_id=domain.tenant_id,
+        domain_id=domain.id,
+        alias=CHAMPION,
+        action=action,
+        from_model_version_id=current.id if current else None,
+        to_model_version_id=target.id,
+        actor=actor,
+        reason=reason,
+        is_forced=force,
+        evidence=_evidence(target, current),
+    )
+    session.add(event)
+    session.flush()  # the record first: an MLflow failure below rolls it back
+    registry.set_alias(target.registered_model, CHAMPION, target.version)
+    if registry.alias_version(target.registered_model, CHALLENGER) == target.version:
+        registry.delete_alias(target.registered_model, CHALLENGER)  # it is no longer a challenger
+    registry.set_version_tag(
+        target.registered_model,
+        target.version,
+        f"flywheel.{action}",
+        f"{utcnow().isoformat()} by {actor}" + (" (forced)" if force else ""),
+    )
+    return event
+
+
+def _evidence(target: ModelVersion, current: ModelVersion | None) -> dict[str, Any]:
+    return {
+        "gate": target.gate_result,
+        "eval": target.eval_results,
+        "from_version": current.version if current else None,
+        "to_version": target.version,
+    }
+
+
+def _take_turn(session: Session, domain: Domain) -> None:
+    """One alias move per domain at a time: a second gets Conflict instead of waiting."""
+    if session.get_bind().dialect.name != "postgresql":
+        return  # SQLite: one writer at a time anyway
+    try:
+        session.execute(
+            text("SELECT id FROM domains WHERE id = :id FOR UPDATE NOWAIT"), {"id": domain.id}
+        )
+    except OperationalError as error:
+        raise Conflict(f"another promotion or rollback of {domain.name} is in progress") from error
+
+
+def _latest_champion_event(session: Session, domain_id: uuid.UUID) -> PromotionEvent | None:
+    return session.scalars(
+        select(PromotionEvent)
+        .where(PromotionEvent.domain_id == domain_id, PromotionEvent.alias == CHAMPION)
+        .order_by(PromotionEvent.created_at.desc(), PromotionEvent.id.desc())
+        .limit(1)
+    ).first()
+
+
+def _domain(session: Session, tenant_id: uuid.UUID, domain: str) -> Domain:
+    found = session.scalars(
+        select(Domain).where(Domain.tenant_id == tenant_id, Domain.name == domain)
+    ).first()
+    if found is None:
+        raise NotFound(f"domain {domain!r} not found")
+    return found
+
+
+def _version(session: Session, domain: Domain, version: str) -> ModelVersion:
+    found = session.scalars(
+        select(ModelVersion).where(
+            ModelVersion.domain_id == domain.id, ModelVersion.version == version
+        )
+    ).first()
+    if found is None:
+        raise NotFound(f"{domain.name} has no model version {version!r}")
+    return found

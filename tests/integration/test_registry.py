@@ -1,0 +1,307 @@
+"""The model registry against real MLflow: versions with lineage, promotion through the gate,
+rollback without retraining, the audit trail, and refusals that move nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import mlflow
+import pytest
+from mlflow.artifacts import download_artifacts
+from mlflow.tracking import MlflowClient
+from sqlalchemy import select, text
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.db import unit_of_work
+from flywheel.errors import Conflict, NotFound, RegistryUnavailable
+from flywheel.models import Domain, ModelVersion, PromotionEvent, TrainingRun
+from flywheel.registry import service
+from flywheel.registry.mlflow_registry import MlflowRegistry
+from tests.conftest import Caller, run_cli
+
+PASSED = {"is_promoted": True, "reasons": []}
+FAILED = {"is_promoted": False, "reasons": ["primary metric CI [-0.02, 0.03] includes 0"]}
+
+
+@pytest.fixture
+def tracking_uri(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("FLYWHEEL_HOME", str(home))
+    return f"sqlite:///{home / 'mlflow.db'}"
+
+
+def adapter_run(uri: str, tmp_path: Path, marker: str) -> str:
+    """An MLflow run holding an `adapter` artifact directory; its id."""
+    folder = tmp_path / f"adapter-{marker}"
+    folder.mkdir()
+    (folder / "adapter_config.json").write_text(json.dumps({"marker": marker}))
+    mlflow.set_tracking_uri(uri)
+    experiment = mlflow.get_experiment_by_name("t") or mlflow.get_experiment(
+        mlflow.create_experiment("t", artifact_location=(tmp_path / "artifacts").as_uri())
+    )
+    with mlflow.start_run(experiment_id=experiment.experiment_id) as run:
+        mlflow.log_artifacts(str(folder), artifact_path="adapter")
+    return str(run.info.run_id)
+
+
+def register(
+    sessions: sessionmaker[Session],
+    registry: MlflowRegistry,
+    caller: Caller,
+    tmp_path: Path,
+    marker: str,
+    gate: dict[str, object],
+) -> ModelVersion:
+    run_id = adapter_run(registry.tracking_uri, tmp_path, marker)
+    with unit_of_work(sessions) as session:
+        domain_id = session.scalars(
+            select(Domain.id).where(Domain.tenant_id == caller.tenant_id)
+        ).one()
+        run = TrainingRun(
+            tenant_id=caller.tenant_id,
+            domain_id=domain_id,
+            method="sft",
+            config_sha256="0" * 64,
+            mlflow_run_id=run_id,
+            status="succeeded",
+        )
+        session.add(run)
+        session.flush()
+        version = service.register_version(
+            session=session,
+            registry=registry,
+            run=run,
+            adapter_uri=f"runs:/{run_id}/adapter",
+            base_model="/models/tiny",
+        )
+        version.gate_result = gate
+        return version
+
+
+def champion_marker(uri: str, name: str) -> str:
+    files = download_artifacts(f"models:/{name}@champion", tracking_uri=uri)
+    return str(json.loads((Path(files) / "adapter_config.json").read_text())["marker"])
+
+
+def test_promote_then_rollback_moves_the_alias_and_audits_each_move(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sessions = on_test_database
+    registry = MlflowRegistry(tracking_uri)
+    first = register(sessions, registry, acme, tmp_path, "first", PASSED)
+    second = register(sessions, registry, acme, tmp_path, "second", PASSED)
+    assert (first.registered_model, first.version, second.version) == ("acme.billing", "1", "2")
+    assert registry.alias_version("acme.billing", "challenger") == "2"
+
+    assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1")[0] == 0
+    assert champion_marker(tracking_uri, "acme.billing") == "first"
+    code, out, _ = run_cli(
+        capsys, "models", "promote", "--domain", "billing", "--to", "2", "--reason", "better"
+    )
+    assert code == 0, out
+    assert champion_marker(tracking_uri, "acme.billing") == "second"
+    assert registry.alias_version("acme.billing", "challenger") is None  # promoted: no longer
+
+    code, out, _ = run_cli(capsys, "models", "rollback", "--domain", "billing", "--json")
+
+    assert code == 0
+    assert json.loads(out)["to"] == "1"
+    assert champion_marker(tracking_uri, "acme.billing") == "first"
+    code, out, _ = run_cli(capsys, "models", "list", "--domain", "billing", "--json")
+    listed = json.loads(out)
+    assert listed["champion"] == "1"
+    moves = [(e["action"], e["from"], e["to"]) for e in reversed(listed["history"])]
+    assert moves == [("promote", None, "1"), ("promote", "1", "2"), ("rollback", "2", "1")]
+    assert all(e["actor"].startswith("cli:") for e in listed["history"])
+    assert listed["history"][1]["reason"] == "better"
+    version = MlflowClient(tracking_uri=tracking_uri).get_model_version("acme.billing", "1")
+    assert "flywheel.rollback" in version.tags
+    assert version.tags["flywheel.base_model"] == "/models/tiny"
+
+
+def test_a_version_that_failed_its_gate_needs_force_and_is_audited_as_forced(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    register(on_test_database, MlflowRegistry(tracking_uri), acme, tmp_path, "weak", FAILED)
+
+    code, _, err = run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1")
+    assert code != 0
+    assert "did not pass its gate" in err
+    assert "includes 0" in err
+    with on_test_database() as session:
+        assert session.scalars(select(PromotionEvent)).all() == []
+
+    code, _, _ = run_cli(
+        capsys, "models", "promote", "--domain", "billing", "--to", "1", "--force",
+        "--reason", "hotfix",
+    )  # fmt: skip
+    assert code == 0
+    with on_test_database() as session:
+        event = session.scalars(select(PromotionEvent)).one()
+    assert event.is_forced
+    assert event.evidence["gate"] == FAILED
+
+
+def test_refusals_move_nothing(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    globex: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+) -> None:
+    registry = MlflowRegistry(tracking_uri)
+    register(on_test_database, registry, acme, tmp_path, "only", PASSED)
+    with unit_of_work(on_test_database) as session, pytest.raises(Conflict, match="no champion"):
+        service.rollback(
+            session=session, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            actor="t",
+        )  # fmt: skip
+    with unit_of_work(on_test_database) as session, pytest.raises(NotFound):
+        service.promote(
+            session=session, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            version="7", actor="t",
+        )  # fmt: skip
+    with unit_of_work(on_test_database) as session, pytest.raises(NotFound):  # globex's billing
+        service.promote(
+            session=session, registry=registry, tenant_id=globex.tenant_id, domain="billing",
+            version="1", actor="t",
+        )  # fmt: skip
+    with unit_of_work(on_test_database) as session:
+        service.promote(
+            session=session, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            version="1", actor="t",
+        )  # fmt: skip
+    with (
+        unit_of_work(on_test_database) as session,
+        pytest.raises(Conflict, match="no previous champion"),
+    ):
+        service.rollback(
+            session=session, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            actor="t",
+        )  # fmt: skip
+    with on_test_database() as session:
+        assert len(session.scalars(select(PromotionEvent)).all()) == 1
+
+
+def test_an_unreachable_mlflow_is_a_clear_error_and_no_move(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    register(on_test_database, MlflowRegistry(tracking_uri), acme, tmp_path, "a", PASSED)
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    down = MlflowRegistry(f"http://127.0.0.1:{_free_port()}")
+
+    with (
+        pytest.raises(RegistryUnavailable, match=r"could not move acme\.billing@champion"),
+        unit_of_work(on_test_database) as session,
+    ):
+        service.promote(
+            session=session, registry=down, tenant_id=acme.tenant_id, domain="billing",
+            version="1", actor="t",
+        )  # fmt: skip
+
+    with on_test_database() as session:
+        assert session.scalars(select(PromotionEvent)).all() == []
+
+
+@pytest.mark.postgres_only
+def test_two_concurrent_promotions_one_wins_the_other_conflicts(
+    on_test_database: sessionmaker[Session], acme: Caller, tracking_uri: str, tmp_path: Path
+) -> None:
+    registry = MlflowRegistry(tracking_uri)
+    register(on_test_database, registry, acme, tmp_path, "a", PASSED)
+    register(on_test_database, registry, acme, tmp_path, "b", PASSED)
+    with unit_of_work(on_test_database) as first:
+        service.promote(
+            session=first, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            version="1", actor="first",
+        )  # fmt: skip
+        with unit_of_work(on_test_database) as second:  # while the first holds the domain
+            second.execute(text("SET LOCAL lock_timeout = '2s'"))
+            with pytest.raises(Conflict, match="in progress"):
+                service.promote(
+                    session=second, registry=registry, tenant_id=acme.tenant_id,
+                    domain="billing", version="2", actor="second",
+                )  # fmt: skip
+    with on_test_database() as session:
+        assert [e.actor for e in session.scalars(select(PromotionEvent))] == ["first"]
+
+
+@pytest.fixture
+def mlflow_server(tmp_path: Path) -> Iterator[str]:
+    """A real `mlflow server` on loopback."""
+    port = _free_port()
+    store = tmp_path / "server"
+    store.mkdir()
+    command = [
+        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+        "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
+        "--default-artifact-root", (store / "artifacts").as_uri(), "--workers", "1",
+    ]  # fmt: skip
+    with subprocess.Popen(
+        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy()
+    ) as server:
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            with socket.socket() as probe:
+                if probe.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            if server.poll() is not None:
+                raise RuntimeError(f"mlflow server exited with {server.returncode}")
+            time.sleep(0.5)
+        else:
+            server.kill()
+            raise RuntimeError("mlflow server did not start within 90 s")
+        try:
+            yield url
+        finally:
+            server.terminate()
+            server.wait(timeout=30)
+
+
+def test_promote_and_rollback_against_a_real_mlflow_server(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    mlflow_server: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_MLFLOW_TRACKING_URI", mlflow_server)
+    registry = MlflowRegistry(mlflow_server)
+    register(on_test_database, registry, acme, tmp_path, "one", PASSED)
+    register(on_test_database, registry, acme, tmp_path, "two", PASSED)
+
+    assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1")[0] == 0
+    assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "2")[0] == 0
+    assert champion_marker(mlflow_server, "acme.billing") == "two"
+    assert run_cli(capsys, "models", "rollback", "--domain", "billing")[0] == 0
+
+    assert champion_marker(mlflow_server, "acme.billing") == "one"
+    assert registry.alias_version("acme.billing", "champion") == "1"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
