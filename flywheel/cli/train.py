@@ -57,5 +57,5 @@ def train(
         data,
         as_json=as_json,
         text=f"trained {method} on {domain}: MLflow run {result.mlflow_run_id}, "
-        f"adapter {result.adapter_uri}",
+        f"adapter {result.adapter_uri}, registered as v{result.model_version} (challenger)",
     )

@@ -1,4 +1,5 @@
-"""`flywheel train`: export a dataset version, run the recipe in a subprocess, record the run.
+"""`flywheel train`: export a dataset version, run the recipe in a subprocess, record the run,
+register the adapter as the domain's `challenger`.
 
 The trainer runs as a subprocess (`python -m finetune`, or `accelerate launch` on several
 GPUs) so that an out-of-memory error or a CUDA crash never takes the caller down, and so that
@@ -31,7 +32,9 @@ from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.reader import version_manifest, version_streams
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput, InvalidState, NotFound
+from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import TrainingRun
+from flywheel.registry.service import register_version
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain
 
@@ -59,6 +62,7 @@ class TrainResult:
     adapter_uri: str | None
     run_dir: Path
     error: str | None = None
+    model_version: str | None = None  # the registered adapter (alias `challenger`)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -68,6 +72,7 @@ class TrainResult:
             "adapter_uri": self.adapter_uri,
             "run_dir": str(self.run_dir),
             "error": self.error,
+            "model_version": self.model_version,
         }
 
 
@@ -94,19 +99,32 @@ def train(
     command = _command(request, run_dir, base)
     code, outcome, error = _run(command)
     status = "succeeded" if code == 0 else "cancelled" if code == INTERRUPTED_EXIT else "failed"
+    adapter_uri = (outcome or {}).get("adapter_uri")
     with unit_of_work(sessions) as session:
         row = session.get_one(TrainingRun, run.id)
         row.status = status
         row.finished_at = utcnow()
         row.mlflow_run_id = (outcome or {}).get("mlflow_run_id")
         row.error = None if code == 0 else error or f"the trainer exited with status {code}"
+    registered_as: str | None = None
+    if status == "succeeded" and adapter_uri:
+        with unit_of_work(sessions) as session:  # its own step: a trained run stays recorded
+            registered = register_version(
+                session=session,
+                registry=MlflowRegistry(settings.resolved_mlflow_tracking_uri),
+                run=session.get_one(TrainingRun, run.id),
+                adapter_uri=adapter_uri,
+                base_model=str(base),
+            )
+            registered_as = registered.version
     return TrainResult(
         run.id,
         status,
         (outcome or {}).get("mlflow_run_id"),
-        (outcome or {}).get("adapter_uri"),
+        adapter_uri,
         run_dir,
         None if code == 0 else row.error,
+        model_version=registered_as,
     )
 
 

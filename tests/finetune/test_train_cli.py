@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from finetune import synthetic
 from flywheel.datasets.service import Recipe, build_dataset_version
 from flywheel.db import unit_of_work, utcnow
-from flywheel.models import DatasetVersion, Domain, TrainingRun
+from flywheel.models import DatasetVersion, Domain, ModelVersion, TrainingRun
 from flywheel.signals.candidates import PairCandidate, Provenance, SftCandidate
 from flywheel.signals.store import store_candidates
 from tests.conftest import Caller, run_cli
@@ -71,6 +71,7 @@ def test_train_runs_the_recipe_on_a_version_and_records_the_run(
     method: str,
 ) -> None:
     version = build_version(on_test_database, acme)
+    version_id = version.id
 
     code, out, err = run_cli(
         capsys, "train", method, "--domain", "billing", "--base", str(plain_base), *QUICK, "--json"
@@ -91,6 +92,14 @@ def test_train_runs_the_recipe_on_a_version_and_records_the_run(
     assert result["adapter_uri"] == f"runs:/{run.mlflow_run_id}/adapter"
     names = {item.path for item in MlflowClient().list_artifacts(run.mlflow_run_id, "adapter")}
     assert "adapter/adapter_model.safetensors" in names
+    # registered: the domain's model has it as its challenger, with its lineage
+    with on_test_database() as session:
+        version = session.scalars(select(ModelVersion)).one()
+    assert (version.registered_model, version.version) == ("acme.billing", "1")
+    assert result["model_version"] == "1"
+    registered = MlflowClient().get_model_version_by_alias("acme.billing", "challenger")
+    assert str(registered.version) == "1"
+    assert registered.tags["flywheel.dataset_version_id"] == str(version_id)
 
 
 def test_a_failing_trainer_is_a_failed_run_with_its_reason(
