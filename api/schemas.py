@@ -211,3 +211,60 @@ class DatasetVersionRead(BaseModel):
 
 class DatasetVersionList(BaseModel):
     items: list[DatasetVersionRead]
+
+
+class ModelVersionRead(BaseModel):
+    id: uuid.UUID
+    version: str
+    registered_model: str
+    adapter_uri: str
+    base_model: str
+    training_run_id: uuid.UUID | None
+    eval_results: dict[str, Any]
+    gate_result: dict[str, Any]
+    is_champion: bool
+    created_at: datetime
+    tainted_at: datetime | None
+
+
+class PromotionEventRead(BaseModel):
+    id: uuid.UUID
+    action: str
+    alias: str
+    from_version: str | None
+    to_version: str | None
+    actor: str
+    reason: str
+    is_forced: bool
+    evidence: dict[str, Any]
+    created_at: datetime
+
+
+class DomainModelsRead(BaseModel):
+    domain: str
+    registered_model: str
+    champion: str | None
+    versions: list[ModelVersionRead]
+    history: list[PromotionEventRead]
+
+
+class ChampionRead(BaseModel):
+    """What an app or a multi-LoRA server loads: the alias URI, the adapter, its base."""
+
+    domain: str
+    registered_model: str
+    version: str
+    registry_uri: str
+    adapter_uri: str
+    base_model: str
+
+
+class PromoteCreate(StrictModel):
+    version: str = Field(min_length=1, max_length=32)
+    reason: str = Field(default="", max_length=2000)
+    force: bool = False
+
+
+class RollbackCreate(StrictModel):
+    to: str | None = Field(default=None, min_length=1, max_length=32)
+    reason: str = Field(default="", max_length=2000)

@@ -1,0 +1,169 @@
+"""The domain's adapters over the API: list them, read the champion, promote, roll back."""
+
+from __future__ import annotations
+
+import uuid
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Request
+from sqlalchemy.orm import Session
+
+from api.auth import require
+from api.database import in_transaction
+from api.feedback import ERRORS
+from api.schemas import (
+    ChampionRead,
+    DomainModelsRead,
+    ModelVersionRead,
+    PromoteCreate,
+    PromotionEventRead,
+    RollbackCreate,
+)
+from flywheel.errors import NotFound
+from flywheel.feedback.values import Name
+from flywheel.registry import service
+from flywheel.registry.mlflow_registry import MlflowRegistry, Registry
+from flywheel.registry.models import ModelVersion, PromotionEvent
+from flywheel.tenancy.service import Principal, Scope
+
+router = APIRouter(prefix="/v1")
+
+Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
+Releaser = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]
+DomainPath = Annotated[Name, Path(description="The domain's name.")]
+
+
+def registry(request: Request) -> Registry:
+    """The app's MLflow registry, made on first use (MLflow is slow to import)."""
+    state = request.app.state
+    if getattr(state, "registry", None) is None:
+        state.registry = MlflowRegistry(state.settings.resolved_mlflow_tracking_uri)
+    found: Registry = state.registry
+    return found
+
+
+@router.get("/models/{domain}", responses=ERRORS)
+async def list_models(domain: DomainPath, request: Request, principal: Reader) -> DomainModelsRead:
+    """Versions (newest first), the champion, and the history of alias moves."""
+    return await in_transaction(request, _read_models, tenant_id=principal.tenant_id, domain=domain)
+
+
+@router.get("/models/{domain}/champion", responses=ERRORS)
+async def champion(domain: DomainPath, request: Request, principal: Reader) -> ChampionRead:
+    """The adapter apps should serve now; 404 until a version has been promoted."""
+    return await in_transaction(
+        request, _read_champion, tenant_id=principal.tenant_id, domain=domain
+    )
+
+
+@router.post("/models/{domain}/promote", responses=ERRORS)
+async def promote(
+    domain: DomainPath, body: PromoteCreate, request: Request, principal: Releaser
+) -> PromotionEventRead:
+    """Make a version the champion: 409 if it did not pass its gate (unless `force`), if
+    another move of the domain is in progress, or if it already is."""
+    return await in_transaction(
+        request,
+        _promote,
+        registry=registry(request),
+        tenant_id=principal.tenant_id,
+        domain=domain,
+        version=body.version,
+        actor=_actor(principal.key_id),
+        reason=body.reason,
+        force=body.force,
+    )
+
+
+@router.post("/models/{domain}/rollback", responses=ERRORS)
+async def rollback(
+    domain: DomainPath, body: RollbackCreate, request: Request, principal: Releaser
+) -> PromotionEventRead:
+    """Move the champion back to the previous one (or `to`): 409 without one."""
+    return await in_transaction(
+        request,
+        _rollback,
+        registry=registry(request),
+        tenant_id=principal.tenant_id,
+        domain=domain,
+        to=body.to,
+        actor=_actor(principal.key_id),
+        reason=body.reason,
+    )
+
+
+def _read_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> DomainModelsRead:
+    found = service.list_models(session=session, tenant_id=tenant_id, domain=domain)
+    champion = found.champion.id if found.champion else None
+    numbers = {v.id: v.version for v in found.versions}
+    return DomainModelsRead(
+        domain=domain,
+        registered_model=found.name,
+        champion=found.champion.version if found.champion else None,
+        versions=[_version(v, is_champion=v.id == champion) for v in found.versions],
+        history=[_event(e, numbers) for e in found.history],
+    )
+
+
+def _read_champion(*, session: Session, tenant_id: uuid.UUID, domain: str) -> ChampionRead:
+    found = service.list_models(session=session, tenant_id=tenant_id, domain=domain)
+    if found.champion is None:
+        raise NotFound(f"{domain} has no champion yet")
+    return ChampionRead(
+        domain=domain,
+        registered_model=found.name,
+        version=found.champion.version,
+        registry_uri=f"models:/{found.name}@{service.CHAMPION}",
+        adapter_uri=found.champion.adapter_uri,
+        base_model=found.champion.base_model,
+    )
+
+
+def _promote(*, session: Session, **kwargs: Any) -> PromotionEventRead:
+    return _event_read(session, service.promote(session=session, **kwargs))
+
+
+def _rollback(*, session: Session, **kwargs: Any) -> PromotionEventRead:
+    return _event_read(session, service.rollback(session=session, **kwargs))
+
+
+def _event_read(session: Session, event: PromotionEvent) -> PromotionEventRead:
+    ids = [i for i in (event.from_model_version_id, event.to_model_version_id) if i]
+    return _event(event, {i: session.get_one(ModelVersion, i).version for i in ids})
+
+
+def _actor(key_id: uuid.UUID) -> str:
+    return f"api-key:{key_id}"
+
+
+def _version(version: ModelVersion, *, is_champion: bool) -> ModelVersionRead:
+    return ModelVersionRead(
+        id=version.id,
+        version=version.version,
+        registered_model=version.registered_model,
+        adapter_uri=version.adapter_uri,
+        base_model=version.base_model,
+        training_run_id=version.training_run_id,
+        eval_results=version.eval_results,
+        gate_result=version.gate_result,
+        is_champion=is_champion,
+        created_at=version.created_at,
+        tainted_at=version.tainted_at,
+    )
+
+
+def _event(event: PromotionEvent, numbers: dict[uuid.UUID, str]) -> PromotionEventRead:
+    return PromotionEventRead(
+        id=event.id,
+        action=event.action,
+        alias=event.alias,
+        from_version=numbers.get(event.from_model_version_id)
+        if event.from_model_version_id
+        else None,
+        to_version=numbers.get(event.to_model_version_id) if event.to_model_version_id else None,
+        actor=event.actor,
+        reason=event.reason,
+        is_forced=event.is_forced,
+        evidence=event.evidence,
+        created_at=event.created_at,
+    )
