@@ -9,7 +9,17 @@ import typer
 from sqlalchemy.exc import OperationalError
 from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; not re-exported
 
-from flywheel.cli import admin, dataset, models, redact, sandbox, server, train, verify
+from flywheel.cli import (
+    admin,
+    dataset,
+    evaluate,
+    models,
+    redact,
+    sandbox,
+    server,
+    train,
+    verify,
+)
 from flywheel.errors import FlywheelError
 
 app = typer.Typer(
@@ -23,6 +33,7 @@ app.command("serve")(server.serve)
 app.command("verify")(verify.verify)
 app.command("redact")(redact.redact)
 app.command("train")(train.train)
+app.command("eval")(evaluate.evaluate)
 app.add_typer(server.db, name="db")
 app.add_typer(admin.tenants, name="tenants")
 app.add_typer(admin.keys, name="keys")

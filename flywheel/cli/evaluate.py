@@ -1,0 +1,35 @@
+"""`flywheel eval --domain D [--model-version V]`: score a version against the champion (or
+the base model) on the domain's frozen eval set, and record the gate's decision."""
+
+from __future__ import annotations
+
+import typer
+
+from flywheel.cli.common import JsonOption, database_sessions, emit, resolve_tenant_id, settings
+from flywheel.db import unit_of_work
+from flywheel.evaluation.service import EvalRequest, evaluate_version
+
+
+def evaluate(
+    domain: str = typer.Option(..., "--domain", help="The domain."),
+    model_version: str = typer.Option(
+        None, "--model-version", help="A registered version (default: the newest)."
+    ),
+    k: int = typer.Option(4, "--k", min=1, help="Samples per task for pass@k."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", min=1),
+    tenant: str | None = typer.Option(None, "--tenant", help="The domain's tenant."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Evaluate and gate; `flywheel models promote` then accepts a version that passed."""
+    with database_sessions() as sessions:
+        with unit_of_work(sessions) as session:
+            tenant_id = resolve_tenant_id(session, tenant)
+        request = EvalRequest(tenant_id, domain, model_version, k, max_new_tokens)
+        outcome = evaluate_version(sessions, request, settings())
+    data = outcome.as_json()
+    verdict = "passes the gate" if outcome.decision.is_promoted else "does not pass the gate"
+    lines = [f"{domain} v{outcome.version} {verdict} against {outcome.against}"]
+    lines += [f"  {name}: {value:.4f} (vs {outcome.against_summary.get(name, float('nan')):.4f})"
+              for name, value in sorted(outcome.summary.items())]  # fmt: skip
+    lines += [f"  - {reason}" for reason in outcome.decision.reasons]
+    emit(data, as_json=as_json, text="\n".join(lines))

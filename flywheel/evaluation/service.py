@@ -1,0 +1,231 @@
+"""`flywheel eval`: score a model version and its rival on the domain's frozen eval set, gate.
+
+    evaluate_version(sessions, EvalRequest(tenant_id=..., domain="billing"), settings)
+
+The rival is the current champion, or the base model when the domain has none yet (a first
+adapter must beat the base the same way). Both are scored by the same subprocess,
+`python -m finetune.evaluate`, on the eval split of the domain's latest untainted dataset
+version (exported as full records, so every score is keyed by its item id); the adapters are
+fetched from MLflow. The per-item scores, their means and the gate's decision with its
+evidence are stored on the model version (so any paired comparison can be recomputed), and
+the verdict is tagged on the version in the MLflow registry.
+
+Gate policy: `flywheel.evaluation.gate.GatePolicy` defaults, with the primary metric chosen per
+domain — the domain config's `primary_metric`, else pass@1 when the eval set has tasks,
+preference accuracy when it has pairs, exact match otherwise — and any field overridden by the
+domain config's `gate` mapping (for example `{"min_items": 10}`).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import uuid
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.datasets.export import export_version
+from flywheel.datasets.models import DatasetVersion
+from flywheel.datasets.reader import version_lineage, version_manifest, version_streams
+from flywheel.db import unit_of_work
+from flywheel.errors import InvalidInput, InvalidState, NotFound, RegistryUnavailable
+from flywheel.evaluation.gate import Evaluation, GateDecision, GatePolicy, decide
+from flywheel.registry.mlflow_registry import MlflowRegistry
+from flywheel.registry.models import ModelVersion
+from flywheel.registry.service import current_champion
+from flywheel.settings import Settings
+from flywheel.tenancy.models import Domain
+
+PRIMARY_ORDER = ("pass@1", "preference_accuracy", "exact_match")
+
+
+@dataclass(frozen=True)
+class EvalRequest:
+    tenant_id: uuid.UUID
+    domain: str
+    version: str | None = None  # None: the newest registered version
+    k: int = 4
+    max_new_tokens: int = 128
+
+
+@dataclass(frozen=True)
+class EvalOutcome:
+    version: str
+    against: str  # a version number, or "base"
+    dataset_version: int
+    summary: dict[str, float]
+    against_summary: dict[str, float]
+    decision: GateDecision
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "version": self.version,
+            "against": self.against,
+            "dataset_version": self.dataset_version,
+            "summary": self.summary,
+            "against_summary": self.against_summary,
+            "is_promotable": self.decision.is_promoted,
+            "reasons": self.decision.reasons,
+        }
+
+
+@dataclass(frozen=True)
+class _Plan:
+    version_id: uuid.UUID
+    version: str
+    registered_model: str
+    adapter_uri: str
+    base_model: Path
+    rival: ModelVersion | None
+    dataset: DatasetVersion
+    config: dict[str, Any]
+    slices: dict[str, str]
+
+
+def evaluate_version(
+    sessions: sessionmaker[Session], request: EvalRequest, settings: Settings
+) -> EvalOutcome:
+    """Score, gate, store. Nothing is stored if scoring fails."""
+    with unit_of_work(sessions) as session:
+        plan = _plan(session, request)
+        run_dir = (settings.home / "evals" / f"{plan.registered_model}-v{plan.version}").resolve()
+        data = run_dir / f"dataset-v{plan.dataset.version}"
+        if not data.exists():
+            streams = version_streams(session, plan.dataset)
+            manifest = version_manifest(plan.dataset, request.domain)
+            export_version(data, "jsonl", {"eval": streams["eval"]}, manifest)
+        rival_adapter = plan.rival.adapter_uri if plan.rival else None
+        rival_name = plan.rival.version if plan.rival else "base"
+    tracking_uri = settings.resolved_mlflow_tracking_uri
+    our_adapter = _fetch(plan.adapter_uri, run_dir / "ours", tracking_uri)
+    ours = _score(request, data, plan.base_model, our_adapter, run_dir / "ours.json")
+    rival_dir = _fetch(rival_adapter, run_dir / "rival", tracking_uri) if rival_adapter else None
+    theirs = _score(request, data, plan.base_model, rival_dir, run_dir / f"{rival_name}.json")
+    policy = _policy(plan.config, ours["metrics"])
+    decision = decide(
+        Evaluation(ours["metrics"], plan.slices), Evaluation(theirs["metrics"], plan.slices), policy
+    )
+    with unit_of_work(sessions) as session:
+        row = session.get_one(ModelVersion, plan.version_id)
+        row.eval_results = {
+            "dataset_version_id": str(plan.dataset.id),
+            "dataset_version": plan.dataset.version,
+            "eval_sha256": plan.dataset.eval_sha256,
+            "summary": ours["summary"],
+            "losses": ours.get("losses", {}),
+            "scores": ours["metrics"],
+            "slices": plan.slices,
+            "against": {"version": rival_name, "summary": theirs["summary"],
+                        "scores": theirs["metrics"]},
+        }  # fmt: skip
+        row.gate_result = {
+            "is_promoted": decision.is_promoted,
+            "reasons": decision.reasons,
+            "against": rival_name,
+            "evidence": decision.evidence,
+        }
+    _tag_verdict(tracking_uri, plan, decision, rival_name)
+    return EvalOutcome(
+        plan.version, rival_name, plan.dataset.version, ours["summary"], theirs["summary"], decision
+    )
+
+
+def _plan(session: Session, request: EvalRequest) -> _Plan:
+    domain = session.scalars(
+        select(Domain).where(Domain.tenant_id == request.tenant_id, Domain.name == request.domain)
+    ).first()
+    if domain is None:
+        raise NotFound(f"domain {request.domain!r} not found")
+    query = select(ModelVersion).where(ModelVersion.domain_id == domain.id)
+    if request.version is not None:
+        query = query.where(ModelVersion.version == request.version)
+    target = session.scalars(query.order_by(ModelVersion.created_at.desc()).limit(1)).first()
+    if target is None:
+        which = f"version {request.version!r}" if request.version else "registered versions"
+        raise NotFound(f"{request.domain} has no {which}: flywheel train ... first")
+    dataset = session.scalars(
+        select(DatasetVersion)
+        .where(DatasetVersion.domain_id == domain.id, DatasetVersion.tainted_at.is_(None))
+        .order_by(DatasetVersion.version.desc())
+        .limit(1)
+    ).first()
+    if dataset is None:
+        raise InvalidState(f"{request.domain} has no untainted dataset version to evaluate on")
+    champion = current_champion(session, domain.id)
+    rival = champion if champion is not None and champion.id != target.id else None
+    slices = {
+        row["item_id"]: row["source_kind"]
+        for row in version_lineage(session, dataset)
+        if row["split"] == "eval"
+    }
+    return _Plan(
+        target.id,
+        target.version,
+        target.registered_model,
+        target.adapter_uri,
+        Path(target.base_model),
+        rival,
+        dataset,
+        dict(domain.config or {}),
+        slices,
+    )
+
+
+def _fetch(adapter_uri: str, target: Path, tracking_uri: str) -> Path:
+    """The adapter's files from MLflow, once."""
+    if (target / "adapter_config.json").is_file():
+        return target
+    import mlflow.artifacts
+
+    try:
+        found = mlflow.artifacts.download_artifacts(
+            artifact_uri=adapter_uri, dst_path=str(target), tracking_uri=tracking_uri
+        )
+    except Exception as error:  # every MLflow or network failure means the same here
+        raise RegistryUnavailable(f"cannot fetch {adapter_uri} from MLflow: {error}") from error
+    return Path(found)
+
+
+def _score(
+    request: EvalRequest, data: Path, base: Path, adapter: Path | None, out: Path
+) -> dict[str, Any]:
+    command = [sys.executable, "-m", "finetune.evaluate", "--dataset", str(data),
+               "--base", str(base), "--out", str(out), "--split", "eval", "--k", str(request.k),
+               "--max-new-tokens", str(request.max_new_tokens)]  # fmt: skip
+    if adapter is not None:
+        command += ["--adapter", str(adapter)]
+    result = subprocess.run(command, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    if result.returncode != 0:
+        last = (result.stderr.strip().splitlines() or ["(no output)"])[-1]
+        raise InvalidState(f"evaluation failed: {last.removeprefix('error: ')}")
+    scores: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    return scores
+
+
+def _policy(config: dict[str, Any], metrics: dict[str, Any]) -> GatePolicy:
+    if not metrics:
+        raise InvalidState("the eval set has no items to score")
+    primary = config.get("primary_metric") or next(
+        (name for name in PRIMARY_ORDER if name in metrics), sorted(metrics)[0]
+    )
+    if primary not in metrics:
+        raise InvalidInput(f"the domain's primary metric {primary!r} was not measured")
+    overrides = dict(config.get("gate") or {})
+    known = {field.name for field in fields(GatePolicy)}
+    unknown = set(overrides) - known
+    if unknown:
+        raise InvalidInput(f"unknown gate settings in the domain config: {sorted(unknown)}")
+    secondary = tuple(sorted(name for name in metrics if name != primary))
+    return GatePolicy(**{"primary_metric": primary, "secondary_metrics": secondary, **overrides})
+
+
+def _tag_verdict(tracking_uri: str, plan: _Plan, decision: GateDecision, against: str) -> None:
+    verdict = "passed" if decision.is_promoted else "failed"
+    MlflowRegistry(tracking_uri).set_version_tag(
+        plan.registered_model, plan.version, "flywheel.gate", f"{verdict} against {against}"
+    )
