@@ -103,6 +103,26 @@ def rollback(
     emit(data, as_json=as_json, text=f"{domain}: rolled back, champion is now v{target.version}")
 
 
+@models.command("watch")
+def watch(
+    domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
+) -> None:
+    """Compare the champion's live thumbs-up rate with its predecessor's; roll back when the
+    drop is significant and the domain's config has auto_rollback."""
+    from flywheel.registry.watch import watch_domain
+
+    with database_session() as session:
+        result = watch_domain(
+            session=session,
+            registry=_registry(),
+            tenant_id=resolve_tenant_id(session, tenant),
+            domain=domain,
+        )
+    verdict = "FLAGGED: " if result.is_flagged else ""
+    back = f"; rolled back to v{result.rolled_back_to}" if result.rolled_back_to else ""
+    emit(result.as_json(), as_json=as_json, text=f"{domain}: {verdict}{result.reason}{back}")
+
+
 def version_json(version: ModelVersion, *, is_champion: bool) -> dict[str, Any]:
     return {
         "id": str(version.id),

@@ -83,7 +83,7 @@ class DomainModels:
 
 def list_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> DomainModels:
     """The domain's versions (newest first), its champion and its alias history."""
-    found = _domain(session, tenant_id, domain)
+    found = find_domain(session, tenant_id, domain)
     versions = session.scalars(
         select(ModelVersion)
         .where(ModelVersion.domain_id == found.id)
@@ -103,7 +103,7 @@ def list_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> Domai
 
 
 def current_champion(session: Session, domain_id: uuid.UUID) -> ModelVersion | None:
-    latest = _latest_champion_event(session, domain_id)
+    latest = latest_champion_event(session, domain_id)
     if latest is None or latest.to_model_version_id is None:
         return None
     return session.get(ModelVersion, latest.to_model_version_id)
@@ -122,7 +122,7 @@ def promote(
 ) -> PromotionEvent:
     """Make `version` the champion. It must have passed its gate, unless `force` (audited as
     forced)."""
-    found = _domain(session, tenant_id, domain)
+    found = find_domain(session, tenant_id, domain)
     _take_turn(session, found)
     target = _version(session, found, version)
     if target.tainted_at is not None and not force:
@@ -149,7 +149,7 @@ def rollback(
 ) -> PromotionEvent:
     """Move the champion back to the one it replaced (or to version `to`), at once: nothing is
     retrained, the earlier adapter is still registered."""
-    found = _domain(session, tenant_id, domain)
+    found = find_domain(session, tenant_id, domain)
     _take_turn(session, found)
     current = current_champion(session, found.id)
     if current is None:
@@ -157,7 +157,7 @@ def rollback(
     if to is not None:
         target = _version(session, found, to)
     else:
-        latest = _latest_champion_event(session, found.id)
+        latest = latest_champion_event(session, found.id)
         previous = latest.from_model_version_id if latest else None
         if previous is None:
             raise Conflict(f"{domain} has no previous champion to roll back to")
@@ -225,7 +225,7 @@ def _take_turn(session: Session, domain: Domain) -> None:
         raise Conflict(f"another promotion or rollback of {domain.name} is in progress") from error
 
 
-def _latest_champion_event(session: Session, domain_id: uuid.UUID) -> PromotionEvent | None:
+def latest_champion_event(session: Session, domain_id: uuid.UUID) -> PromotionEvent | None:
     return session.scalars(
         select(PromotionEvent)
         .where(PromotionEvent.domain_id == domain_id, PromotionEvent.alias == CHAMPION)
@@ -234,7 +234,7 @@ def _latest_champion_event(session: Session, domain_id: uuid.UUID) -> PromotionE
     ).first()
 
 
-def _domain(session: Session, tenant_id: uuid.UUID, domain: str) -> Domain:
+def find_domain(session: Session, tenant_id: uuid.UUID, domain: str) -> Domain:
     found = session.scalars(
         select(Domain).where(Domain.tenant_id == tenant_id, Domain.name == domain)
     ).first()
