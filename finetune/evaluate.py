@@ -1,0 +1,542 @@
+"""Per-item evaluation scores of one model (a base, or a base with a LoRA adapter).
+
+    python -m finetune.evaluate --dataset DIR --base MODEL_DIR [--adapter ADAPTER_DIR]
+        --out FILE.json [--split eval] [--k 4] [--max-new-tokens 128] [--seed 0]
+        [--batch-size 16]
+
+DIR is a `jsonl` (full records) dataset export; its `<split>/sft.jsonl`, `pairs.jsonl` and
+`tasks.jsonl` are scored, a missing file meaning no items of that kind. Every metric is a
+mapping item_id -> score in [0, 1], so a paired gate can compare two models item by item:
+
+- `exact_match` (SFT items): the greedy reply equals the completion, whitespace normalised;
+- `preference_accuracy` (pairs): 1 when the summed log-prob of `chosen` exceeds that of
+  `rejected` given the prompt (a margin that needs no reference model, unlike DPO's reward);
+- `pass@1` (tasks): the greedy reply passes (code in the sandbox, all tests or nothing;
+  answer tasks by `AnswerReward`); `pass@k`: the unbiased estimator over k samples at
+  temperature 0.8, which with n == k samples is "any sample passed". A task its reward
+  cannot score (None: no tests, an unsafe answer pattern) gets no score, with a warning.
+
+`losses.sft_loss` is each SFT item's mean token NLL of its completion (not in [0, 1]).
+The output JSON is written atomically:
+
+    {"metrics": {name: {item_id: score}}, "losses": {"sft_loss": {item_id: nll}},
+     "summary": {name: mean}, "counts": {"sft": n, "pairs": n, "tasks": n},
+     "model": {"base": path, "adapter": path | null}, "dataset": {...}, "settings": {...},
+     "seconds": s}
+
+Bad input (export, model, adapter) is one line on stderr and exit status 2; progress goes to
+stderr, and the last stdout line is the summary as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from peft import PeftModel
+from transformers import (
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    GenerationConfig,
+    PreTrainedTokenizerBase,
+)
+
+from finetune.errors import TrainingInputError
+from finetune.model import check_base
+from finetune.rewards import TaskReward
+from flywheel.sandbox import SandboxUnavailable, check_available
+from flywheel.sandbox.rewards import CodeReward
+
+MANIFEST = "manifest.json"
+KIND_FILES = {"sft": "sft.jsonl", "pairs": "pairs.jsonl", "tasks": "tasks.jsonl"}
+SAMPLE_TEMPERATURE = 0.8
+CHUNK_BYTES = 1 << 20
+
+Message = dict[str, str]
+Row = dict[str, Any]
+Scores = dict[str, float]
+
+
+@dataclass(frozen=True)
+class EvalItems:
+    """One split of a jsonl export, as rows per kind."""
+
+    sft: list[Row]
+    pairs: list[Row]
+    tasks: list[Row]
+    manifest: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Settings:
+    k: int
+    max_new_tokens: int
+    seed: int
+    batch_size: int
+
+
+# --- the export ---------------------------------------------------------------------------
+
+
+def open_items(root: Path, split: str) -> EvalItems:
+    """The split's items, every file of the export checked against the manifest's sha256."""
+    manifest = _read_manifest(root)
+    files = manifest["export"]["files"]
+    for relative, expected in files.items():
+        _check_file(root / relative, expected)
+    rows = {
+        kind: _read_rows(root / f"{split}/{name}") if f"{split}/{name}" in files else []
+        for kind, name in KIND_FILES.items()
+    }
+    if not any(rows.values()):
+        raise TrainingInputError(f"{root} has no sft, pairs or tasks items in split {split!r}")
+    return EvalItems(rows["sft"], rows["pairs"], rows["tasks"], manifest)
+
+
+def _read_manifest(root: Path) -> dict[str, Any]:
+    if not root.is_dir():
+        raise TrainingInputError(f"dataset export {root} does not exist (flywheel dataset export)")
+    path = root / MANIFEST
+    try:
+        manifest = json.loads(path.read_text(encoding="utf-8"))
+        export_format, files = manifest["export"].get("format"), manifest["export"]["files"]
+        if not isinstance(files, dict):
+            raise TypeError("export.files is not a mapping")
+    except FileNotFoundError as error:
+        raise TrainingInputError(f"{root} has no {MANIFEST}: not a dataset export") from error
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
+        raise TrainingInputError(f"{path} is corrupt: {error}") from error
+    if export_format != "jsonl":
+        raise TrainingInputError(f"{root} is a {export_format} export: evaluation needs jsonl")
+    return dict(manifest)
+
+
+def _check_file(path: Path, expected: Any) -> None:
+    digest = hashlib.sha256()
+    try:
+        with path.open("rb") as file:
+            while chunk := file.read(CHUNK_BYTES):
+                digest.update(chunk)
+    except FileNotFoundError as error:
+        raise TrainingInputError(f"{path} is missing from the export") from error
+    if not isinstance(expected, dict) or digest.hexdigest() != expected.get("sha256"):
+        raise TrainingInputError(f"{path} does not match the manifest's sha256: corrupt export")
+
+
+def _read_rows(path: Path) -> list[Row]:
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line]
+    ids = [row.get("item_id") for row in rows]
+    if not all(isinstance(item_id, str) for item_id in ids) or len(set(ids)) != len(ids):
+        raise TrainingInputError(f"{path}: every row needs its own item_id")
+    return rows
+
+
+# --- the model ----------------------------------------------------------------------------
+
+
+def check_adapter(adapter: Path) -> None:
+    if not (adapter / "adapter_config.json").is_file():
+        raise TrainingInputError(f"{adapter} is not a LoRA adapter (no adapter_config.json)")
+
+
+def load_model(base: Path, adapter: Path | None) -> tuple[Any, PreTrainedTokenizerBase]:
+    """The base (and adapter), in eval mode on the GPU when there is one, with a generation
+    config of our own: a model's shipped sampling defaults must not change what is measured."""
+    check_base(base)
+    if adapter is not None:
+        check_adapter(adapter)
+    is_cuda = torch.cuda.is_available()
+    dtype = torch.bfloat16 if is_cuda and torch.cuda.is_bf16_supported() else torch.float32
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(base)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=dtype)
+    except (OSError, ValueError) as error:
+        raise TrainingInputError(
+            f"cannot load the base model from {base}: {_first(error)}"
+        ) from error
+    if adapter is not None:
+        model = _with_adapter(model, adapter)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    if tokenizer.chat_template is None:
+        raise TrainingInputError(f"the tokenizer in {base} has no chat template")
+    tokenizer.padding_side = "left"  # new tokens line up at the right, for both uses
+    eos = model.generation_config.eos_token_id
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id if eos is None else eos,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    return model.to("cuda" if is_cuda else "cpu").eval(), tokenizer
+
+
+def _with_adapter(model: Any, adapter: Path) -> Any:
+    try:
+        return PeftModel.from_pretrained(model, adapter, is_trainable=False)
+    except (OSError, ValueError, RuntimeError) as error:  # RuntimeError: another base's shapes
+        raise TrainingInputError(
+            f"cannot load the adapter from {adapter}: {_first(error)}"
+        ) from error
+
+
+def _first(error: Exception) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else type(error).__name__
+
+
+# --- generation and log-probs -------------------------------------------------------------
+
+
+def _progress(label: str, done: int, total: int) -> None:
+    print(f"evaluate: {label} {done}/{total}", file=sys.stderr, flush=True)
+
+
+@torch.no_grad()
+def generate(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[list[Message]],
+    settings: Settings,
+    *,
+    temperature: float | None = None,
+    label: str = "generate",
+) -> list[str]:
+    """One reply per prompt, greedy unless a `temperature` is given, in left-padded batches."""
+    config = GenerationConfig(
+        max_new_tokens=settings.max_new_tokens,
+        do_sample=temperature is not None,
+        **(
+            {"temperature": temperature, "top_k": 0, "top_p": 1.0}
+            if temperature is not None
+            else {}
+        ),
+    )
+    replies: list[str] = []
+    for start in range(0, len(prompts), settings.batch_size):
+        texts = [
+            tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
+            for prompt in prompts[start : start + settings.batch_size]
+        ]
+        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        output = model.generate(**batch.to(model.device), generation_config=config)
+        new_tokens = output[:, batch["input_ids"].shape[1] :]
+        replies += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
+        _progress(label, len(replies), len(prompts))
+    return replies
+
+
+def _encode(
+    tokenizer: PreTrainedTokenizerBase, prompt: list[Message], completion: str
+) -> tuple[list[int], int]:
+    """The templated conversation's ids and how many of its last tokens are the reply's (what
+    the template adds after the generation prompt, end-of-turn token included)."""
+    head = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    whole = tokenizer.apply_chat_template(
+        [*prompt, {"role": "assistant", "content": completion}], tokenize=False
+    )
+    head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
+    ids = tokenizer(whole, add_special_tokens=False)["input_ids"]
+    shared = 0  # a template may render the prompt differently once a reply follows
+    while shared < min(len(head_ids), len(ids) - 1) and head_ids[shared] == ids[shared]:
+        shared += 1
+    return ids, len(ids) - max(shared, 1)
+
+
+@torch.no_grad()
+def completion_logprobs(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    prompts: Sequence[list[Message]],
+    completions: Sequence[str],
+    *,
+    batch_size: int,
+    label: str = "log-probs",
+) -> list[tuple[float, int]]:
+    """(summed log-prob, token count) of each completion given its prompt.
+
+    Rows are left padded, so every reply ends at the last position and only the last
+    `longest reply + 1` positions' logits are computed (`logits_to_keep`): the vocabulary-wide
+    logits of the prompts are never materialised.
+    """
+    encoded = [_encode(tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
+    results: list[tuple[float, int]] = []
+    for start in range(0, len(encoded), batch_size):
+        results += _batch_logprobs(model, encoded[start : start + batch_size], tokenizer)
+        _progress(label, len(results), len(encoded))
+    return results
+
+
+def _batch_logprobs(
+    model: Any, rows: list[tuple[list[int], int]], tokenizer: PreTrainedTokenizerBase
+) -> list[tuple[float, int]]:
+    width = max(len(ids) for ids, _ in rows)
+    keep = max(count for _, count in rows) + 1
+    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros_like(input_ids)
+    for index, (ids, _) in enumerate(rows):
+        input_ids[index, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+        mask[index, width - len(ids) :] = 1
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # padding must not shift positions
+    logits = model(
+        input_ids=input_ids.to(model.device),
+        attention_mask=mask.to(model.device),
+        position_ids=positions.to(model.device),
+        logits_to_keep=keep,
+    ).logits
+    results = []
+    for index, (_, count) in enumerate(rows):
+        predicting = logits[index, keep - count - 1 : keep - 1].float().log_softmax(-1)
+        targets = input_ids[index, width - count :].to(predicting.device)
+        picked = predicting.gather(-1, targets[:, None]).squeeze(-1)
+        results.append((float(picked.sum()), count))
+    return results
+
+
+# --- scores -------------------------------------------------------------------------------
+
+
+def normalise_whitespace(text: str) -> str:
+    return " ".join(text.split())
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """The unbiased pass@k estimate from n samples of which c passed (Chen et al., 2021)."""
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n, got n={n} c={c} k={k}")
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def pass_scores(
+    greedy: Sequence[float | None], sampled: Sequence[float | None], k: int
+) -> list[tuple[float, float] | None]:
+    """(pass@1, pass@k) per task from the rewards of its greedy reply and of its k samples
+    (`sampled` holds k rewards per task, task by task). A reward of 1.0 is a pass; a task
+    whose greedy reward is None is one its reward cannot score, and gets None."""
+    if len(sampled) != k * len(greedy):
+        raise ValueError(f"expected {k} sampled rewards per task")
+    scores: list[tuple[float, float] | None] = []
+    for index, reward in enumerate(greedy):
+        if reward is None:
+            scores.append(None)
+            continue
+        passed = sum(1 for r in sampled[index * k : (index + 1) * k] if r is not None and r >= 1)
+        scores.append((1.0 if reward >= 1 else 0.0, pass_at_k(k, passed, k)))
+    return scores
+
+
+def score_sft(
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: Settings
+) -> tuple[Scores, Scores]:
+    """(exact_match, sft_loss) per SFT item."""
+    prompts = [row["messages"] for row in rows]
+    replies = generate(model, tokenizer, prompts, settings, label="sft generate")
+    completions = [row["completion"] for row in rows]
+    logprobs = completion_logprobs(
+        model, tokenizer, prompts, completions, batch_size=settings.batch_size, label="sft loss"
+    )
+    exact, losses = {}, {}
+    for row, reply, (total, count) in zip(rows, replies, logprobs, strict=True):
+        is_match = normalise_whitespace(reply) == normalise_whitespace(row["completion"])
+        exact[row["item_id"]] = 1.0 if is_match else 0.0
+        losses[row["item_id"]] = -total / count
+    return exact, losses
+
+
+def score_pairs(
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: Settings
+) -> Scores:
+    """preference_accuracy per pair: 1.0 when chosen is the likelier reply, strictly."""
+    prompts = [row["messages"] for row in rows]
+    completions = [row["chosen"] for row in rows] + [row["rejected"] for row in rows]
+    logprobs = completion_logprobs(
+        model, tokenizer, prompts + prompts, completions, batch_size=settings.batch_size,
+        label="pairs",
+    )  # fmt: skip
+    chosen, rejected = logprobs[: len(rows)], logprobs[len(rows) :]
+    return {
+        row["item_id"]: 1.0 if good[0] > bad[0] else 0.0
+        for row, good, bad in zip(rows, chosen, rejected, strict=True)
+    }
+
+
+def task_fields(rows: Sequence[Row]) -> dict[str, list[Any]]:
+    """The reward's columns: hidden tests go to the verifier (visible then hidden, joined as
+    the verifier joins them), never into a prompt."""
+    return {
+        "task_kind": [row.get("task_kind") for row in rows],
+        "tests": [_tests(row) for row in rows],
+        "entry_point": [row.get("entry_point") for row in rows],
+        "answer": [row.get("answer") for row in rows],
+    }
+
+
+def _tests(row: Row) -> str | None:
+    parts = [row.get("visible_tests"), row.get("hidden_tests")]
+    return "\n\n".join(part for part in parts if part and part.strip()) or None
+
+
+def score_tasks(
+    model: Any,
+    tokenizer: PreTrainedTokenizerBase,
+    rows: list[Row],
+    settings: Settings,
+    reward: Callable[..., list[float | None]],
+) -> tuple[Scores, Scores]:
+    """(pass@1, pass@k) per task the reward can score."""
+    prompts = [[{"role": "user", "content": row["prompt"]}] for row in rows]
+    greedy = generate(model, tokenizer, prompts, settings, label="tasks greedy")
+    torch.manual_seed(settings.seed)
+    repeated = [prompt for prompt in prompts for _ in range(settings.k)]
+    samples = generate(
+        model, tokenizer, repeated, settings, temperature=SAMPLE_TEMPERATURE, label="tasks sample"
+    )
+    fields = task_fields(rows)
+    greedy_rewards = reward(greedy, **fields)
+    sampled_rewards = reward(
+        samples,
+        **{name: [v for v in column for _ in range(settings.k)] for name, column in fields.items()},
+    )
+    first, any_of_k = {}, {}
+    for row, scores in zip(
+        rows, pass_scores(greedy_rewards, sampled_rewards, settings.k), strict=True
+    ):
+        if scores is None:
+            print(f"warning: task {row['item_id']} cannot be scored; left out", file=sys.stderr)
+            continue
+        first[row["item_id"]], any_of_k[row["item_id"]] = scores
+    return first, any_of_k
+
+
+# --- the run ------------------------------------------------------------------------------
+
+
+def evaluate(
+    model: Any, tokenizer: PreTrainedTokenizerBase, items: EvalItems, settings: Settings
+) -> tuple[dict[str, Scores], dict[str, Scores]]:
+    """(metrics, losses): only metrics with at least one scored item appear."""
+    metrics: dict[str, Scores] = {}
+    losses: dict[str, Scores] = {}
+    if items.sft:
+        metrics["exact_match"], losses["sft_loss"] = score_sft(
+            model, tokenizer, items.sft, settings
+        )
+    if items.pairs:
+        metrics["preference_accuracy"] = score_pairs(model, tokenizer, items.pairs, settings)
+    if items.tasks:
+        reward = TaskReward(code_reward=CodeReward(mode="all_or_nothing"))
+        first, any_of_k = score_tasks(model, tokenizer, items.tasks, settings, reward)
+        metrics["pass@1"], metrics["pass@k"] = first, any_of_k
+    return {name: scores for name, scores in metrics.items() if scores}, losses
+
+
+def _mean(scores: Scores) -> float:
+    return sum(scores.values()) / len(scores)
+
+
+def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
+    """`path` holds the whole document or is left as it was: a temp file, then a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handle, temp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(handle, "w", encoding="utf-8") as file:
+            json.dump(document, file, indent=2, sort_keys=True, allow_nan=False)
+            file.write("\n")
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temp, path)
+    except BaseException:
+        Path(temp).unlink(missing_ok=True)
+        raise
+
+
+def _preflight_sandbox(items: EvalItems) -> None:
+    if any(row.get("task_kind") == "code" for row in items.tasks):
+        try:
+            check_available()
+        except SandboxUnavailable as error:
+            raise TrainingInputError(f"code tasks need the sandbox: {error}") from error
+
+
+def run(args: argparse.Namespace) -> dict[str, Any]:
+    started = time.monotonic()
+    settings = Settings(args.k, args.max_new_tokens, args.seed, args.batch_size)
+    items = open_items(args.dataset, args.split)
+    check_base(args.base)
+    if args.adapter is not None:
+        check_adapter(args.adapter)
+    _preflight_sandbox(items)
+    torch.manual_seed(args.seed)
+    model, tokenizer = load_model(args.base, args.adapter)
+    metrics, losses = evaluate(model, tokenizer, items, settings)
+    return {
+        "metrics": metrics,
+        "losses": losses,
+        "summary": {name: _mean(scores) for name, scores in {**metrics, **losses}.items()},
+        "counts": {"sft": len(items.sft), "pairs": len(items.pairs), "tasks": len(items.tasks)},
+        "model": {
+            "base": str(args.base.resolve()),
+            "adapter": str(args.adapter.resolve()) if args.adapter else None,
+        },
+        "dataset": {
+            "path": str(args.dataset.resolve()),
+            "split": args.split,
+            "dataset_version_id": items.manifest.get("dataset_version_id"),
+            "manifest_sha256": items.manifest.get("manifest_sha256"),
+        },
+        "settings": {
+            "k": settings.k,
+            "max_new_tokens": settings.max_new_tokens,
+            "seed": settings.seed,
+            "temperature": SAMPLE_TEMPERATURE,
+        },
+        "seconds": round(time.monotonic() - started, 3),
+    }
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m finetune.evaluate", description=__doc__)
+    parser.add_argument("--dataset", type=Path, required=True, help="A jsonl dataset export.")
+    parser.add_argument("--base", type=Path, required=True, help="A base model directory.")
+    parser.add_argument("--adapter", type=Path, help="A LoRA adapter directory for the base.")
+    parser.add_argument("--out", type=Path, required=True, help="The JSON file to write.")
+    parser.add_argument("--split", default="eval", help="The export's split to score.")
+    parser.add_argument("--k", type=_positive, default=4, help="Samples per task for pass@k.")
+    parser.add_argument("--max-new-tokens", type=_positive, default=128)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--batch-size", type=_positive, default=16, help="Sequences per batch.")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(sys.argv[1:] if argv is None else argv)
+    try:
+        result = run(args)
+    except TrainingInputError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    write_json_atomic(args.out, result)
+    print(json.dumps({"out": str(args.out), "summary": result["summary"]}))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
