@@ -1,0 +1,246 @@
+"""Tiny local base models for tests and the demo: no hub, no download.
+
+    tokenizer = build_tokenizer(texts)
+    model = build_model(tokenizer)
+    losses = pretrain(model, tokenizer, texts, steps=800)
+    save_base(Path("base"), model, tokenizer)
+
+The saved directory is an ordinary Hugging Face checkpoint, so the recipes load it with the
+same `from_pretrained(directory)` call that loads a real model: tests exercise the real path.
+A randomly initialised model is no base for LoRA (a low-rank update of noise learns
+nothing), so `pretrain` gives it the knowledge a real base model would bring.
+
+CLI: `python -m finetune.tiny --out DIR [--text-file F] [--steps N]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import random
+from collections.abc import Callable, Iterable, Sequence
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from finetune import synthetic
+
+PAD = "<|pad|>"
+EOS = "<|eos|>"
+ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
+SPECIAL_TOKENS = (PAD, EOS, *ROLE_TOKENS)
+
+# Calibrated on 2 CPU cores (tests/finetune/calibrate_learning.py): 800 steps of these teach
+# the default 2x64 model the synthetic broad slice (exact match 1.0) in ~40 s.
+PRETRAIN_LEARNING_RATE = 4e-3
+PRETRAIN_BATCH_SIZE = 64
+
+# The assistant's content *and* its closing <|eos|> sit inside {% generation %}, so TRL's
+# `assistant_only_loss` trains the model to stop, not only to answer.
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{%- if message['role'] == 'assistant' -%}"
+    "<|assistant|>{% generation %}{{ message['content'] }}<|eos|>{% endgeneration %}"
+    "{%- else -%}"
+    "<|{{ message['role'] }}|>{{ message['content'] }}<|eos|>"
+    "{%- endif -%}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}<|assistant|>{%- endif -%}"
+)
+
+
+def build_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer trained on `texts`, with chat special tokens and template.
+
+    Digits are split one per token (as Llama does): merged digit strings would give every
+    number its own token and hide the place-value structure arithmetic tasks need.
+    """
+    core = Tokenizer(models.BPE())
+    core.pre_tokenizer = pre_tokenizers.Sequence(
+        [
+            pre_tokenizers.Digits(individual_digits=True),
+            pre_tokenizers.ByteLevel(add_prefix_space=False),
+        ]
+    )
+    core.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=list(SPECIAL_TOKENS),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    core.train_from_iterator(texts, trainer=trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=core,
+        pad_token=PAD,
+        eos_token=EOS,
+        additional_special_tokens=list(ROLE_TOKENS),
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def build_model(
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    num_heads: int = 4,
+    max_position_embeddings: int = 256,
+    seed: int = 0,
+) -> LlamaForCausalLM:
+    """A small Llama over the tokenizer's vocabulary, its weights fixed by `seed`.
+
+    Embeddings are tied: at this size the vocabulary matrices would otherwise be most of
+    the parameters.
+    """
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config)
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    return model
+
+
+def pretrain(
+    model: LlamaForCausalLM,
+    tokenizer: PreTrainedTokenizerFast,
+    texts: Sequence[str],
+    *,
+    steps: int,
+    learning_rate: float = PRETRAIN_LEARNING_RATE,
+    batch_size: int = PRETRAIN_BATCH_SIZE,
+    seed: int = 0,
+) -> list[float]:
+    """Full-parameter causal-LM training on `texts`; the loss of every step.
+
+    A plain loop rather than a TRL trainer: this only manufactures a base model for tests,
+    and a dozen lines of torch are faster on CPU than a trainer's setup. Warmup then cosine
+    decay, so a short run ends on a settled model rather than mid-stride.
+    """
+    encoded = [tokenizer(text, add_special_tokens=False)["input_ids"] for text in texts]
+    optimizer = torch.optim.AdamW(model.parameters(), lr=learning_rate, weight_decay=0.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, _warmup_cosine(steps))
+    rng = random.Random(seed)
+    torch.manual_seed(seed)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        batch = [encoded[rng.randrange(len(encoded))] for _ in range(batch_size)]
+        input_ids, attention_mask, labels = _pad_batch(batch, tokenizer.pad_token_id)
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
+def _warmup_cosine(steps: int, warmup_fraction: float = 0.05) -> Callable[[int], float]:
+    warmup = max(1, int(steps * warmup_fraction))
+
+    def factor(step: int) -> float:
+        if step < warmup:
+            return (step + 1) / warmup
+        progress = (step - warmup) / max(1, steps - warmup)
+        return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+    return factor
+
+
+def _pad_batch(
+    batch: list[list[int]], pad_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-padded ids, the mask, and labels with padding ignored (-100)."""
+    width = max(len(ids) for ids in batch)
+    input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+    for row, ids in enumerate(batch):
+        input_ids[row, : len(ids)] = torch.tensor(ids, dtype=torch.long)
+        attention_mask[row, : len(ids)] = 1
+    labels = input_ids.masked_fill(attention_mask == 0, -100)
+    return input_ids, attention_mask, labels
+
+
+def save_base(directory: Path, model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast) -> None:
+    """Model and tokenizer side by side, as `from_pretrained(directory)` expects them."""
+    directory.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+
+
+def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="python -m finetune.tiny", description="Build (and pretrain) a tiny base model."
+    )
+    parser.add_argument("--out", type=Path, required=True, help="Directory to write.")
+    parser.add_argument(
+        "--text-file",
+        type=Path,
+        help="One training text per line; default: the synthetic domain's broad slice.",
+    )
+    parser.add_argument("--steps", type=int, default=0, help="Pretraining steps (0: none).")
+    parser.add_argument("--learning-rate", type=float, default=PRETRAIN_LEARNING_RATE)
+    parser.add_argument("--batch-size", type=int, default=PRETRAIN_BATCH_SIZE)
+    parser.add_argument("--hidden-size", type=int, default=64)
+    parser.add_argument("--num-layers", type=int, default=2)
+    parser.add_argument("--num-heads", type=int, default=4)
+    parser.add_argument("--seed", type=int, default=0)
+    return parser.parse_args(argv)
+
+
+def _corpus(text_file: Path | None) -> tuple[PreTrainedTokenizerFast, list[str]]:
+    """The tokenizer and the texts to pretrain on: a file's lines, or the synthetic broad
+    slice rendered through the chat template (so the base knows the chat format)."""
+    if text_file is None:
+        tokenizer = build_tokenizer(synthetic.tokenizer_texts())
+        return tokenizer, synthetic.pretraining_texts(tokenizer)
+    lines = text_file.read_text(encoding="utf-8").splitlines()
+    texts = [line for line in lines if line.strip()]
+    return build_tokenizer(texts), texts
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parse_args(argv)
+    tokenizer, texts = _corpus(args.text_file)
+    model = build_model(
+        tokenizer,
+        hidden_size=args.hidden_size,
+        num_layers=args.num_layers,
+        num_heads=args.num_heads,
+        seed=args.seed,
+    )
+    if args.steps > 0:
+        losses = pretrain(
+            model,
+            tokenizer,
+            texts,
+            steps=args.steps,
+            learning_rate=args.learning_rate,
+            batch_size=args.batch_size,
+            seed=args.seed,
+        )
+        print(f"pretrained {args.steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
+    save_base(args.out, model, tokenizer)
+    print(f"saved {args.out}")
+
+
+if __name__ == "__main__":
+    main()
