@@ -134,7 +134,8 @@ def pretraining_texts(
     base knows the format the recipes train and generate in."""
     chosen = split_problems().broad if problems is None else problems
     return [
-        tokenizer.apply_chat_template(sft_example(p)["messages"], tokenize=False) for p in chosen
+        str(tokenizer.apply_chat_template(sft_example(p)["messages"], tokenize=False))
+        for p in chosen
     ]
 
 
@@ -242,29 +243,47 @@ def completion_logprobs(
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[list[Message]],
     completions: Sequence[list[Message]],
+    batch_size: int = 256,
 ) -> torch.Tensor:
     """Summed log-probability of each completion's tokens given its prompt, as DPO scores
     them: the completion is what the chat template adds after the generation prompt."""
     model.eval()
-    rows, starts = [], []
-    for prompt, completion in zip(prompts, completions, strict=True):
-        head = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-        whole = tokenizer.apply_chat_template(prompt + completion, tokenize=False)
-        rows.append(tokenizer(whole, add_special_tokens=False)["input_ids"])
-        starts.append(len(tokenizer(head, add_special_tokens=False)["input_ids"]))
-    width = max(len(ids) for ids in rows)
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for index, ids in enumerate(rows):
+    rows = [
+        _completion_ids(tokenizer, prompt, completion)
+        for prompt, completion in zip(prompts, completions, strict=True)
+    ]
+    sums = [
+        _summed_logprobs(model, rows[start : start + batch_size], tokenizer.pad_token_id)
+        for start in range(0, len(rows), batch_size)
+    ]
+    return torch.cat(sums)
+
+
+def _completion_ids(
+    tokenizer: PreTrainedTokenizerBase, prompt: list[Message], completion: list[Message]
+) -> tuple[list[int], int]:
+    """The whole conversation's ids and where the completion starts in them."""
+    head = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
+    whole = tokenizer.apply_chat_template(prompt + completion, tokenize=False)
+    ids = tokenizer(whole, add_special_tokens=False)["input_ids"]
+    return ids, len(tokenizer(head, add_special_tokens=False)["input_ids"])
+
+
+def _summed_logprobs(
+    model: PreTrainedModel, rows: list[tuple[list[int], int]], pad_id: int
+) -> torch.Tensor:
+    width = max(len(ids) for ids, _ in rows)
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    scored = torch.zeros_like(input_ids)  # 1 where a completion token is predicted
+    for index, (ids, start) in enumerate(rows):
         input_ids[index, : len(ids)] = torch.tensor(ids)
-        mask[index, starts[index] : len(ids)] = 1
-    attention = (
-        torch.arange(width)[None, :] < torch.tensor([len(r) for r in rows])[:, None]
-    ).long()
+        attention[index, : len(ids)] = 1
+        scored[index, start : len(ids)] = 1
     logits = model(input_ids=input_ids.to(model.device), attention_mask=attention.to(model.device))
-    logprobs = torch.log_softmax(logits.logits[:, :-1].float(), dim=-1)
-    picked = logprobs.gather(-1, input_ids[:, 1:, None].to(model.device)).squeeze(-1)
-    return (picked * mask[:, 1:].to(model.device)).sum(dim=-1).cpu()
+    logprobs = torch.log_softmax(logits.logits[:, :-1].float(), dim=-1).cpu()
+    picked = logprobs.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    return (picked * scored[:, 1:]).sum(dim=-1)
 
 
 def reward_margins(

@@ -6,12 +6,20 @@ A script, not a test (no `test_` prefix, pytest never collects it): the learning
 assert thresholds taken from what this prints, with room for seeds and machines. The chain:
 
 1. pretrain a tiny Llama on the synthetic broad slice (no-carry sums), full parameters;
-2. LoRA SFT on the carry problems: held-out exact match up, back to the base's with the
-   adapter disabled;
+2. LoRA SFT on the train split (carries and broad): held-out (carry) exact match up, back to
+   the base's with the adapter disabled, broad exact match kept;
 3. LoRA DPO from the base (no reference model: the reference is the adapter switched off):
    held-out preference accuracy up;
 4. GRPO on the SFT model (adapter merged then a fresh one, or the same adapter continued):
-   held-out reward up beyond SFT's.
+   held-out sampled reward up beyond SFT's.
+
+Measured with the defaults, seeds 0/1/2, one thread: base held-out EM 0.000/0.000/0.001;
+SFT 0.813/0.561/0.514 (adapter off 0.000/0.000/0.001); DPO preference accuracy
+0.925/0.977/0.937 (adapter off 0.0: margins exactly 0); GRPO sampled reward
+0.630->0.726, 0.313->0.427, 0.278->0.370. About 2 minutes of CPU for the whole chain.
+
+`--threads` defaults to 1: these matrices are too small to share, and with anything else
+running on a 2-core box, two OpenMP threads made a training step 15-20x slower here.
 """
 
 from __future__ import annotations
@@ -22,7 +30,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +62,7 @@ class Settings:
     pretrain_batch_size: int = 64
     lora_r: int = 16
     lora_alpha: int = 32
-    sft_steps: int = 60
+    sft_steps: int = 100
     sft_learning_rate: float = 5e-3
     sft_batch_size: int = 32
     dpo_steps: int = 100
@@ -62,8 +70,8 @@ class Settings:
     dpo_batch_size: int = 32
     dpo_beta: float = 0.5
     dpo_from: str = "base"  # "base" | "sft" (SFT adapter merged into the base)
-    grpo_steps: int = 100
-    grpo_learning_rate: float = 2e-3
+    grpo_steps: int = 150
+    grpo_learning_rate: float = 3e-3
     grpo_batch_size: int = 128
     grpo_generations: int = 8
     grpo_mode: str = "merge"  # "merge" (SFT merged, fresh adapter) | "continue" (same adapter)
@@ -75,6 +83,7 @@ class Settings:
     reward_samples: int = 4
     phases: str = "sft,dpo,grpo"  # grpo needs sft
     base_dir: str = ""  # reuse this pretrained base if it exists, else save it there
+    output_dir: str = ""  # where the trainers' (empty) output directories go; default: temp
 
 
 def parse_settings() -> Settings:
@@ -99,7 +108,7 @@ def common_args(settings: Settings) -> dict[str, Any]:
     slower on this AVX2 box) and `gradient_checkpointing=True` (recomputation for nothing
     at this size), so both are switched off explicitly."""
     return {
-        "output_dir": tempfile.mkdtemp(prefix="calibrate-"),
+        "output_dir": tempfile.mkdtemp(prefix="trainer-", dir=settings.output_dir or None),
         "use_cpu": True,
         "bf16": False,
         "gradient_checkpointing": False,
@@ -345,6 +354,7 @@ def main() -> None:
     timings: dict[str, tuple[float, float]] = {}
     start = time.perf_counter(), time.process_time()
     with tempfile.TemporaryDirectory() as scratch:
+        settings = replace(settings, output_dir=settings.output_dir or scratch)
         base = Path(settings.base_dir or Path(scratch) / "base")
         if not (base / "config.json").exists():
             pretrain_base(settings, base, timings)

@@ -8,7 +8,9 @@ two-digit addition — the sums without a carry — so it knows the format but n
 - SFT lifts held-out exact match far above the base's; with the adapter disabled it falls back;
 - DPO (the reference is the same model with the adapter off) makes held-out preference
   accuracy clearly better than chance; with the adapter off every margin is exactly 0;
-- GRPO on the SFT model (its adapter merged) lifts held-out exact match further.
+- GRPO on the SFT model (its adapter merged, a fresh adapter trained) lifts the held-out mean
+  reward of sampled answers further (and exact match does not fall); with its adapter off the
+  model is back to the SFT model's reward.
 
 Each check fails if the LoRA weights are not applied. Settings come from
 `tests/finetune/calibrate_learning.py`, which prints every number on this machine.
@@ -107,7 +109,7 @@ def test_sft_lifts_held_out_exact_match_and_only_with_the_adapter(
         disabled_em = synthetic.exact_match(model, tokenizer, held_out)
 
     print(f"held-out exact match: base {base_em:.3f}, SFT {sft_em:.3f}, disabled {disabled_em:.3f}")
-    assert base_em < 0.1
+    assert base_em < 0.05
     assert sft_em >= 0.4
     assert disabled_em == pytest.approx(base_em, abs=0.02)
 
@@ -127,11 +129,11 @@ def test_dpo_makes_held_out_preferences_clearly_better_than_chance(
         disabled = synthetic.preference_accuracy(model, model, tokenizer, pairs, beta=0.5)
 
     print(f"held-out preference accuracy: DPO {accuracy:.3f}, adapter disabled {disabled:.3f}")
-    assert accuracy >= 0.75
+    assert accuracy >= 0.8
     assert disabled == 0.0  # policy == reference: every margin exactly 0
 
 
-def test_grpo_after_sft_lifts_held_out_exact_match_further(
+def test_grpo_after_sft_lifts_the_held_out_mean_reward_further(
     base: Path,
     sft_adapter: Path,
     split: synthetic.Split,
@@ -141,6 +143,7 @@ def test_grpo_after_sft_lifts_held_out_exact_match_further(
     tokenizer = AutoTokenizer.from_pretrained(base)
     merged = adapted(base, sft_adapter).merge_and_unload()
     tiny.save_base(tmp_path / "sft-base", merged, tokenizer)
+    sft_reward = synthetic.sampled_reward(merged, tokenizer, held_out, seed=SEED)
     sft_em = synthetic.exact_match(merged, tokenizer, held_out)
     export = write_export(tmp_path / "export", tasks=[answer_record(p) for p in split.train])
     job = Job("grpo", load_config("grpo", None, GRPO), export, tmp_path / "sft-base",
@@ -150,9 +153,12 @@ def test_grpo_after_sft_lifts_held_out_exact_match_further(
 
     assert outcome.adapter_dir is not None
     model = adapted(tmp_path / "sft-base", outcome.adapter_dir)
+    grpo_reward = synthetic.sampled_reward(model, tokenizer, held_out, seed=SEED)
     grpo_em = synthetic.exact_match(model, tokenizer, held_out)
     with model.disable_adapter():
-        disabled_em = synthetic.exact_match(model, tokenizer, held_out)
-    print(f"held-out exact match: SFT {sft_em:.3f}, GRPO {grpo_em:.3f}, disabled {disabled_em:.3f}")
-    assert grpo_em >= sft_em + 0.1
-    assert disabled_em == pytest.approx(sft_em, abs=0.02)
+        disabled_reward = synthetic.sampled_reward(model, tokenizer, held_out, seed=SEED)
+    print(f"held-out mean reward: SFT {sft_reward:.3f}, GRPO {grpo_reward:.3f}, disabled "
+          f"{disabled_reward:.3f}; exact match: SFT {sft_em:.3f}, GRPO {grpo_em:.3f}")  # fmt: skip
+    assert grpo_reward >= sft_reward + 0.04
+    assert grpo_em >= sft_em
+    assert disabled_reward == pytest.approx(sft_reward, abs=0.02)
