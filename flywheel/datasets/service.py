@@ -532,4 +532,6 @@ def _insert_members(
             for row in rows():
                 copy.write_row(row)
         return
-    session.execute(MEMBERS.insert(), [dict(zip(names, row, strict=True)) for row in rows()])
+    members = [dict(zip(names, row, strict=True)) for row in rows()]
+    if members:  # an empty version (a domain without signal yet) has none
+        session.execute(MEMBERS.insert(), members)
