@@ -11,7 +11,6 @@ full disk), is not a checkpoint, and resume passes over it.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import re
@@ -22,9 +21,10 @@ from typing import Any
 
 from transformers import TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 
+from finetune.data import file_sha256
+
 MANIFEST = "flywheel-checkpoint.json"
 _CHECKPOINT = re.compile(r"^checkpoint-(\d+)$")
-CHUNK_BYTES = 1 << 20
 
 
 def file_digests(directory: Path) -> dict[str, str]:
@@ -32,7 +32,7 @@ def file_digests(directory: Path) -> dict[str, str]:
     found = {}
     for path in sorted(directory.rglob("*")):
         if path.is_file() and path.name != MANIFEST and not path.name.endswith(".tmp"):
-            found[path.relative_to(directory).as_posix()] = _sha256(path)
+            found[path.relative_to(directory).as_posix()] = file_sha256(path)
     return found
 
 
@@ -133,11 +133,3 @@ class StopOnSignal(TrainerCallback):
 
     def _received(self, signum: int, frame: FrameType | None) -> None:
         self.is_interrupted = True
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as file:
-        while chunk := file.read(CHUNK_BYTES):
-            digest.update(chunk)
-    return digest.hexdigest()

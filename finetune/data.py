@@ -45,34 +45,42 @@ class Export:
         return self.root / relative if relative in self.manifest["export"]["files"] else None
 
 
-def open_export(root: Path) -> Export:
-    """The export at `root`, every file checked against the manifest."""
+def open_export(root: Path, export_format: str = "trl") -> Export:
+    """The export at `root` (in `export_format`), every file checked against the manifest."""
     manifest_path = root / MANIFEST
     if not root.is_dir():
         raise TrainingInputError(f"dataset export {root} does not exist (flywheel dataset export)")
     try:
         manifest = json.loads(manifest_path.read_text(encoding="utf-8"))
-        files = manifest["export"]["files"]
+        found, files = manifest["export"].get("format"), manifest["export"]["files"]
+        if not isinstance(files, dict):
+            raise TypeError("export.files is not a mapping")
     except FileNotFoundError as error:
         raise TrainingInputError(f"{root} has no {MANIFEST}: not a dataset export") from error
-    except (ValueError, KeyError, TypeError) as error:
+    except (ValueError, KeyError, TypeError, AttributeError) as error:
         raise TrainingInputError(f"{manifest_path} is corrupt: {error}") from error
-    if manifest["export"].get("format") != "trl":
-        raise TrainingInputError(f"{root} is a {manifest['export'].get('format')} export: use trl")
+    if found != export_format:
+        raise TrainingInputError(f"{root} is a {found} export: use {export_format}")
     for relative, expected in files.items():
         _check_file(root / relative, expected)
     return Export(root, manifest)
 
 
-def _check_file(path: Path, expected: dict[str, Any]) -> None:
+def file_sha256(path: Path) -> str:
+    """A file's sha256, read in chunks."""
     digest = hashlib.sha256()
+    with path.open("rb") as file:
+        while chunk := file.read(CHUNK_BYTES):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _check_file(path: Path, expected: Any) -> None:
     try:
-        with path.open("rb") as file:
-            while chunk := file.read(CHUNK_BYTES):
-                digest.update(chunk)
+        found = file_sha256(path)
     except FileNotFoundError as error:
         raise TrainingInputError(f"{path} is missing from the export") from error
-    if digest.hexdigest() != expected.get("sha256"):
+    if not isinstance(expected, dict) or found != expected.get("sha256"):
         raise TrainingInputError(f"{path} does not match the manifest's sha256: corrupt export")
 
 

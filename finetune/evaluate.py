@@ -31,7 +31,6 @@ stderr, and the last stdout line is the summary as JSON.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import math
 import os
@@ -52,16 +51,15 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from finetune.data import open_export
 from finetune.errors import TrainingInputError
 from finetune.model import check_base
 from finetune.rewards import TaskReward
 from flywheel.sandbox import SandboxUnavailable, check_available
 from flywheel.sandbox.rewards import CodeReward
 
-MANIFEST = "manifest.json"
 KIND_FILES = {"sft": "sft.jsonl", "pairs": "pairs.jsonl", "tasks": "tasks.jsonl"}
 SAMPLE_TEMPERATURE = 0.8
-CHUNK_BYTES = 1 << 20
 
 Message = dict[str, str]
 Row = dict[str, Any]
@@ -91,10 +89,8 @@ class Settings:
 
 def open_items(root: Path, split: str) -> EvalItems:
     """The split's items, every file of the export checked against the manifest's sha256."""
-    manifest = _read_manifest(root)
+    manifest = open_export(root, "jsonl").manifest
     files = manifest["export"]["files"]
-    for relative, expected in files.items():
-        _check_file(root / relative, expected)
     rows = {
         kind: _read_rows(root / f"{split}/{name}") if f"{split}/{name}" in files else []
         for kind, name in KIND_FILES.items()
@@ -102,36 +98,6 @@ def open_items(root: Path, split: str) -> EvalItems:
     if not any(rows.values()):
         raise TrainingInputError(f"{root} has no sft, pairs or tasks items in split {split!r}")
     return EvalItems(rows["sft"], rows["pairs"], rows["tasks"], manifest)
-
-
-def _read_manifest(root: Path) -> dict[str, Any]:
-    if not root.is_dir():
-        raise TrainingInputError(f"dataset export {root} does not exist (flywheel dataset export)")
-    path = root / MANIFEST
-    try:
-        manifest = json.loads(path.read_text(encoding="utf-8"))
-        export_format, files = manifest["export"].get("format"), manifest["export"]["files"]
-        if not isinstance(files, dict):
-            raise TypeError("export.files is not a mapping")
-    except FileNotFoundError as error:
-        raise TrainingInputError(f"{root} has no {MANIFEST}: not a dataset export") from error
-    except (ValueError, KeyError, TypeError, AttributeError) as error:
-        raise TrainingInputError(f"{path} is corrupt: {error}") from error
-    if export_format != "jsonl":
-        raise TrainingInputError(f"{root} is a {export_format} export: evaluation needs jsonl")
-    return dict(manifest)
-
-
-def _check_file(path: Path, expected: Any) -> None:
-    digest = hashlib.sha256()
-    try:
-        with path.open("rb") as file:
-            while chunk := file.read(CHUNK_BYTES):
-                digest.update(chunk)
-    except FileNotFoundError as error:
-        raise TrainingInputError(f"{path} is missing from the export") from error
-    if not isinstance(expected, dict) or digest.hexdigest() != expected.get("sha256"):
-        raise TrainingInputError(f"{path} does not match the manifest's sha256: corrupt export")
 
 
 def _read_rows(path: Path) -> list[Row]:
