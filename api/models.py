@@ -106,16 +106,18 @@ def _read_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> Doma
 
 
 def _read_champion(*, session: Session, tenant_id: uuid.UUID, domain: str) -> ChampionRead:
-    found = service.list_models(session=session, tenant_id=tenant_id, domain=domain)
-    if found.champion is None:
+    """Only the champion: what serving stacks poll, so not the whole version list."""
+    found = service.find_domain(session, tenant_id, domain)
+    champion = service.current_champion(session, found.id)
+    if champion is None:
         raise NotFound(f"{domain} has no champion yet")
     return ChampionRead(
         domain=domain,
-        registered_model=found.name,
-        version=found.champion.version,
-        registry_uri=f"models:/{found.name}@{service.CHAMPION}",
-        adapter_uri=found.champion.adapter_uri,
-        base_model=found.champion.base_model,
+        registered_model=champion.registered_model,
+        version=champion.version,
+        registry_uri=f"models:/{champion.registered_model}@{service.CHAMPION}",
+        adapter_uri=champion.adapter_uri,
+        base_model=champion.base_model,
     )
 
 

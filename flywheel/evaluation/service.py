@@ -37,9 +37,8 @@ from flywheel.errors import InvalidInput, InvalidState, NotFound, RegistryUnavai
 from flywheel.evaluation.gate import Evaluation, GateDecision, GatePolicy, decide
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import ModelVersion
-from flywheel.registry.service import current_champion
+from flywheel.registry.service import current_champion, find_domain
 from flywheel.settings import Settings
-from flywheel.tenancy.models import Domain
 
 PRIMARY_ORDER = ("pass@1", "preference_accuracy", "exact_match")
 
@@ -136,11 +135,7 @@ def evaluate_version(
 
 
 def _plan(session: Session, request: EvalRequest) -> _Plan:
-    domain = session.scalars(
-        select(Domain).where(Domain.tenant_id == request.tenant_id, Domain.name == request.domain)
-    ).first()
-    if domain is None:
-        raise NotFound(f"domain {request.domain!r} not found")
+    domain = find_domain(session, request.tenant_id, request.domain)
     query = select(ModelVersion).where(ModelVersion.domain_id == domain.id)
     if request.version is not None:
         query = query.where(ModelVersion.version == request.version)

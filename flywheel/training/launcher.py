@@ -34,7 +34,7 @@ from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput, InvalidState, NotFound
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import TrainingRun
-from flywheel.registry.service import register_version
+from flywheel.registry.service import find_domain, register_version
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain
 
@@ -129,11 +129,7 @@ def train(
 
 
 def _version(session: Session, request: TrainRequest) -> tuple[Domain, DatasetVersion]:
-    domain = session.scalars(
-        select(Domain).where(Domain.tenant_id == request.tenant_id, Domain.name == request.domain)
-    ).first()
-    if domain is None:
-        raise NotFound(f"domain {request.domain!r} not found")
+    domain = find_domain(session, request.tenant_id, request.domain)
     query = select(DatasetVersion).where(DatasetVersion.domain_id == domain.id)
     if request.dataset_version is not None:
         query = query.where(DatasetVersion.version == request.dataset_version)
