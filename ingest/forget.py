@@ -32,6 +32,7 @@ from sqlalchemy import Select, delete, or_, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import DatasetMember, DatasetVersion
+from flywheel.datasets.service import KINDS
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput
 from flywheel.feedback.models import FeedbackEvent, Interaction
@@ -48,12 +49,6 @@ from ingest.compile import event_prompts, group_key_of, recompile_prompts
 
 SignalModel = (
     type[SftExample] | type[PreferencePair] | type[LabeledCompletion] | type[VerifiableTask]
-)
-SIGNALS: tuple[tuple[SignalModel, str], ...] = (
-    (SftExample, "sft_example_id"),
-    (PreferencePair, "preference_pair_id"),
-    (LabeledCompletion, "labeled_completion_id"),
-    (VerifiableTask, "verifiable_task_id"),
 )
 COMPILED = (SftExample, PreferencePair, LabeledCompletion)  # what the feedback compiler writes
 CHUNK = 1_000
@@ -130,7 +125,8 @@ def _forget_source_record(
 ) -> None:
     """The record's own items, then its interactions' events (and what was compiled from
     them), then the interactions."""
-    for model, member_column in SIGNALS:
+    for kind in KINDS:
+        model, member_column = kind.model, kind.member_column
         ids = session.scalars(
             select(model.id).where(
                 model.tenant_id == tenant_id,
@@ -171,10 +167,10 @@ def _forget_events(
     prompts = event_prompts(session, tenant_id, event_ids)
     for domain_id, domain_prompts in prompts.items():
         groups = sorted({group_key_of(prompt) for prompt in domain_prompts})
-        for model, member_column in SIGNALS:
-            if model in COMPILED:
-                ids = _compiled_items(session, model, domain_id, groups)
-                _delete_items(session, model, member_column, ids, report)
+        for kind in KINDS:
+            if kind.model in COMPILED:
+                ids = _compiled_items(session, kind.model, domain_id, groups)
+                _delete_items(session, kind.model, kind.member_column, ids, report)
     for chunk in _chunks(event_ids):
         session.execute(delete(FeedbackEvent).where(FeedbackEvent.id.in_(chunk)))
     report.counts["feedback_events"] += len(event_ids)

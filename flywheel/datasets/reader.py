@@ -21,6 +21,7 @@ from flywheel.datasets.export_records import (
     TaskRecord,
 )
 from flywheel.datasets.models import DatasetMember, DatasetVersion
+from flywheel.datasets.service import KINDS
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
 SPLITS = ("train", "eval")
@@ -56,27 +57,20 @@ def version_manifest(version: DatasetVersion, domain: str) -> dict[str, Any]:
     }
 
 
-LINEAGE_KINDS = (
-    ("sft", SftExample, DatasetMember.sft_example_id),
-    ("pair", PreferencePair, DatasetMember.preference_pair_id),
-    ("label", LabeledCompletion, DatasetMember.labeled_completion_id),
-    ("task", VerifiableTask, DatasetMember.verifiable_task_id),
-)
-
-
 def version_lineage(session: Session, version: DatasetVersion) -> Iterator[dict[str, Any]]:
     """Where each item of the version came from: its source (a ticket, a repository function,
     a task file's task, or "feedback:" and the interactions and events it was compiled from)
     and its group (for compiled feedback, the conversation: every event about it was judged
     together). Split by split, kind by kind, in the version's order."""
     for split in SPLITS:
-        for kind, model, item_column in LINEAGE_KINDS:
+        for kind in KINDS:
+            model, item_column = kind.model, getattr(DatasetMember, kind.member_column)
             columns = (model.id, model.source_kind, model.source_ref, model.group_key)
             query = _members(columns, item_column, model, version.id, split)
             for item_id, source_kind, source_ref, group_key, _ in _rows(session, query):
                 yield {
                     "split": split,
-                    "kind": kind,
+                    "kind": kind.name,
                     "item_id": str(item_id),
                     "source_kind": source_kind,
                     "source_ref": source_ref,
