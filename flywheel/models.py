@@ -4,6 +4,7 @@ from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.db import Base
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
+from flywheel.scheduling.models import ScheduledCycle
 from flywheel.signals.models import (
     ForgetRequest,
     IngestRun,
@@ -29,6 +30,7 @@ __all__ = [
     "ModelVersion",
     "PreferencePair",
     "PromotionEvent",
+    "ScheduledCycle",
     "SftExample",
     "Tenant",
     "TrainingRun",

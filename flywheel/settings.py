@@ -47,6 +47,15 @@ class Settings(BaseSettings):
         "`base_model` config comes first).",
     )
 
+    cycle_heartbeat_s: float = Field(
+        default=10.0, gt=0, description="How often a running cycle marks itself alive."
+    )
+    cycle_stale_after_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="A running cycle silent this long is presumed dead: another may resume it.",
+    )
+
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")
     rate_limit_per_s: float = Field(
         default=50.0, gt=0, description="Sustained requests per second per API key (per process)."

@@ -11,6 +11,7 @@ from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; no
 
 from flywheel.cli import (
     admin,
+    cycle,
     dataset,
     evaluate,
     models,
@@ -34,6 +35,7 @@ app.command("verify")(verify.verify)
 app.command("redact")(redact.redact)
 app.command("train")(train.train)
 app.command("eval")(evaluate.evaluate)
+app.command("cycle")(cycle.cycle)
 app.add_typer(server.db, name="db")
 app.add_typer(admin.tenants, name="tenants")
 app.add_typer(admin.keys, name="keys")

@@ -50,6 +50,9 @@ class EvalRequest:
     version: str | None = None  # None: the newest registered version
     k: int = 4
     max_new_tokens: int = 128
+    # the model a first adapter must beat when there is no champion; None: the version's own
+    # base (a cycle whose later stages adapt a merged earlier stage passes the domain's base)
+    base: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -104,7 +107,8 @@ def evaluate_version(
     our_adapter = _fetch(plan.adapter_uri, run_dir / "ours", tracking_uri)
     ours = _score(request, data, plan.base_model, our_adapter, run_dir / "ours.json")
     rival_dir = _fetch(rival_adapter, run_dir / "rival", tracking_uri) if rival_adapter else None
-    theirs = _score(request, data, plan.base_model, rival_dir, run_dir / f"{rival_name}.json")
+    rival_base = Path(plan.rival.base_model) if plan.rival else request.base or plan.base_model
+    theirs = _score(request, data, rival_base, rival_dir, run_dir / f"{rival_name}.json")
     policy = _policy(plan.config, ours["metrics"])
     decision = decide(
         Evaluation(ours["metrics"], plan.slices), Evaluation(theirs["metrics"], plan.slices), policy

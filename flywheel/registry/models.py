@@ -6,12 +6,13 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text, UniqueConstraint, text
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flywheel.db import Base, IdMixin, JsonType
 
-RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "skipped")
+ACTIVE_CYCLE = "method = 'cycle' AND status = 'running'"
 
 
 class TrainingRun(IdMixin, Base):
@@ -25,6 +26,14 @@ class TrainingRun(IdMixin, Base):
             name="status",
         ),
         Index(None, "domain_id", "created_at"),
+        # One running cycle per domain, whichever process (worker or `flywheel cycle`) runs it.
+        Index(
+            "uq_training_runs_running_cycle",
+            "domain_id",
+            unique=True,
+            postgresql_where=text(ACTIVE_CYCLE),
+            sqlite_where=text(ACTIVE_CYCLE),
+        ),
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -43,6 +52,11 @@ class TrainingRun(IdMixin, Base):
     error: Mapped[str | None] = mapped_column(Text)
     started_at: Mapped[datetime | None] = mapped_column(default=None)
     finished_at: Mapped[datetime | None] = mapped_column(default=None)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(
+        default=None, doc="A running cycle's last sign of life: a stale one may be taken over."
+    )
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(default=None)
+    job_id: Mapped[int | None] = mapped_column(doc="The procrastinate job that carries it out.")
 
 
 class ModelVersion(IdMixin, Base):

@@ -15,11 +15,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -77,10 +78,15 @@ class TrainResult:
 
 
 def train(
-    sessions: sessionmaker[Session], request: TrainRequest, settings: Settings
+    sessions: sessionmaker[Session],
+    request: TrainRequest,
+    settings: Settings,
+    *,
+    should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
     """Export, train, record: the run row is `running` while the subprocess works, then
-    `succeeded`, `failed` or `cancelled` (stopped by SIGTERM; its checkpoints remain)."""
+    `succeeded`, `failed` or `cancelled` (stopped by SIGTERM — ours, or when `should_stop`,
+    polled every second, says so; its checkpoints remain)."""
     if request.method not in METHODS:
         raise InvalidInput(f"unknown training method {request.method!r}: sft, dpo or grpo")
     if request.gpus < 1:
@@ -97,8 +103,10 @@ def train(
             version_manifest(version, domain.name),
         )
     command = _command(request, run_dir, base)
-    code, outcome, error = _run(command)
-    status = "succeeded" if code == 0 else "cancelled" if code == INTERRUPTED_EXIT else "failed"
+    code, outcome, error = _run(command, should_stop)
+    # stopped by a SIGTERM: checkpointed (75), or before its handler was installed (-15)
+    stopped = code in (INTERRUPTED_EXIT, -signal.SIGTERM)
+    status = "succeeded" if code == 0 else "cancelled" if stopped else "failed"
     adapter_uri = (outcome or {}).get("adapter_uri")
     with unit_of_work(sessions) as session:
         row = session.get_one(TrainingRun, run.id)
@@ -199,10 +207,13 @@ def _command(request: TrainRequest, run_dir: Path, base: Path) -> list[str]:
     return [*launcher, *arguments, *request.overrides]
 
 
-def _run(command: Sequence[str]) -> tuple[int, dict[str, Any] | None, str | None]:
+def _run(
+    command: Sequence[str], should_stop: Callable[[], bool] | None = None
+) -> tuple[int, dict[str, Any] | None, str | None]:
     """Run the trainer with both of its streams passed through to our stderr as they come
     (progress bars included); keep its last stderr line (a bad-input error is one line) and
-    read its last stdout line as the outcome."""
+    read its last stdout line as the outcome. When `should_stop` turns true the trainer gets
+    a SIGTERM: it checkpoints and exits with INTERRUPTED_EXIT."""
     last_out: list[str] = []
     last_err: list[str] = []
     with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
@@ -212,7 +223,7 @@ def _run(command: Sequence[str]) -> tuple[int, dict[str, Any] | None, str | None
         ]
         for relay in relays:
             relay.start()
-        code = child.wait()
+        code = _wait(child, should_stop)
         for relay in relays:
             relay.join()
     outcome = None
@@ -223,6 +234,17 @@ def _run(command: Sequence[str]) -> tuple[int, dict[str, Any] | None, str | None
             outcome = None
     error = last_err[0].removeprefix("error: ") if last_err else None
     return code, outcome, error
+
+
+def _wait(child: subprocess.Popen[bytes], should_stop: Callable[[], bool] | None) -> int:
+    stopping = False
+    while True:
+        try:
+            return child.wait(timeout=1.0)
+        except subprocess.TimeoutExpired:
+            if should_stop is not None and not stopping and should_stop():
+                child.send_signal(signal.SIGTERM)
+                stopping = True
 
 
 def _relay(stream: IO[bytes] | None, last: list[str]) -> None:

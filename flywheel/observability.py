@@ -1,0 +1,77 @@
+"""Structured logs and the workers' Prometheus metrics.
+
+Logs: `configure_logging(json_lines=True)` writes one JSON object per record (time, level,
+logger, message and every `extra={...}` field), for a log shipper; plain text otherwise.
+Metrics: the cycle's counters and timings live in a registry of their own, created on first
+use (`cycle_metrics()`); `flywheel worker --metrics-port N` serves it. The API's request and
+ingest metrics are in `api.middleware.ApiMetrics`, served at `GET /metrics`.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import sys
+from datetime import UTC, datetime
+from typing import Any
+
+import orjson
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+# LogRecord's own attributes: everything else on a record came from `extra=`.
+_RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "time": datetime.fromtimestamp(record.created, UTC).isoformat(),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": record.getMessage(),
+        }
+        entry |= {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS}
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        return orjson.dumps(entry, default=str).decode()
+
+
+def configure_logging(*, json_lines: bool, level: str = "INFO") -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if json_lines:
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+
+
+class CycleMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.cycles = Counter(
+            "flywheel_cycles",
+            "Cycles by event: started, then succeeded, failed, cancelled or skipped.",
+            ["event"],
+            registry=self.registry,
+        )
+        self.step_seconds = Histogram(
+            "flywheel_cycle_step_duration_seconds",
+            "How long each cycle step took.",
+            ["step"],
+            registry=self.registry,
+            buckets=(1, 5, 15, 60, 300, 900, 3600, 4 * 3600, 12 * 3600),
+        )
+        self.gate_decisions = Counter(
+            "flywheel_gate_decisions",
+            "Gate outcomes of evaluated candidates.",
+            ["outcome"],
+            registry=self.registry,
+        )
+
+
+@functools.cache
+def cycle_metrics() -> CycleMetrics:
+    """The process's cycle metrics (one registry per process, made on first use)."""
+    return CycleMetrics()

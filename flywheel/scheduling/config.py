@@ -1,0 +1,65 @@
+"""A domain's cycle settings: the `cycle` mapping of its config, parsed and checked.
+
+{"cycle": {"methods": ["sft", "dpo"],            # trained in order (default ["sft"])
+           "configs": {"sft": "sft.yaml"},        # a YAML training config per method
+           "overrides": {"sft": ["max_steps=200"]},
+           "recipe": {"eval_fraction": 0.2},      # dataset build recipe fields
+           "eval": {"max_new_tokens": 16, "k": 4},
+           "auto_promote": true,                  # promote when the gate passes
+           "schedule": "0 2 * * 1",               # weekly retraining, cron (UTC)
+           "min_new_signal": 50}}                 # items since the champion's dataset
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from flywheel.datasets.service import Recipe
+from flywheel.errors import InvalidInput
+from flywheel.tenancy.models import Domain
+
+Method = Literal["sft", "dpo", "grpo"]
+
+
+class EvalSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    max_new_tokens: int = Field(default=128, ge=1)
+    k: int = Field(default=4, ge=1)
+
+
+class CycleSettings(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    methods: list[Method] = Field(default_factory=lambda: list[Method](["sft"]), min_length=1)
+    configs: dict[Method, Path] = Field(default_factory=dict)
+    overrides: dict[Method, list[str]] = Field(default_factory=dict)
+    recipe: dict[str, object] = Field(default_factory=dict)
+    eval: EvalSettings = Field(default_factory=EvalSettings)
+    auto_promote: bool = True
+    schedule: str = "0 2 * * 1"
+    min_new_signal: int = Field(default=50, ge=0)
+
+    def dataset_recipe(self) -> Recipe:
+        try:
+            recipe = Recipe(**self.recipe)  # type: ignore[arg-type]
+        except TypeError as error:
+            raise InvalidInput(f"the domain's cycle recipe: {error}") from error
+        recipe.check()
+        return recipe
+
+
+def cycle_settings(domain: Domain) -> CycleSettings:
+    """The domain's `cycle` config; InvalidInput naming the first bad field."""
+    raw = (domain.config or {}).get("cycle") or {}
+    try:
+        return CycleSettings.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"])
+        raise InvalidInput(
+            f"domain {domain.name}'s cycle config: {where}: {first['msg']}"
+        ) from error
