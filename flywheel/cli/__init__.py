@@ -16,6 +16,7 @@ from flywheel.cli import (
     evaluate,
     models,
     redact,
+    report,
     sandbox,
     server,
     train,
@@ -36,6 +37,7 @@ app.command("redact")(redact.redact)
 app.command("train")(train.train)
 app.command("eval")(evaluate.evaluate)
 app.command("cycle")(cycle.cycle)
+app.command("report")(report.report)
 app.add_typer(server.db, name="db")
 app.add_typer(admin.tenants, name="tenants")
 app.add_typer(admin.keys, name="keys")
