@@ -51,9 +51,10 @@ class Settings(BaseSettings):
         default=10.0, gt=0, description="How often a running cycle marks itself alive."
     )
     cycle_stale_after_s: float = Field(
-        default=120.0,
+        default=60.0,
         gt=0,
-        description="A running cycle silent this long is presumed dead: another may resume it.",
+        description="A running cycle silent this long is presumed dead: another may resume it. "
+        "Keep it <= FLYWHEEL_STALLED_AFTER_S, so a dead worker's retried job finds it stale.",
     )
 
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")

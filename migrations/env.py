@@ -16,6 +16,12 @@ config = context.config
 target_metadata = Base.metadata
 
 
+def _ours(name: str | None, type_: str, _parent: object) -> bool:
+    """procrastinate's job tables belong to procrastinate (`flywheel db upgrade` applies its
+    schema), not to our migrations: `alembic check` leaves them alone."""
+    return not (type_ == "table" and (name or "").startswith("procrastinate_"))
+
+
 def run_migrations() -> None:
     url = config.attributes.get("url") or Settings().resolved_database_url
     engine = create_engine(url, poolclass=pool.NullPool)
@@ -25,6 +31,7 @@ def run_migrations() -> None:
             target_metadata=target_metadata,
             render_as_batch=connection.dialect.name == "sqlite",
             compare_type=True,
+            include_name=_ours,
         )
         with context.begin_transaction():
             context.run_migrations()

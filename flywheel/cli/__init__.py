@@ -17,10 +17,12 @@ from flywheel.cli import (
     models,
     redact,
     report,
+    runs,
     sandbox,
     server,
     train,
     verify,
+    worker,
 )
 from flywheel.errors import FlywheelError
 
@@ -38,6 +40,7 @@ app.command("train")(train.train)
 app.command("eval")(evaluate.evaluate)
 app.command("cycle")(cycle.cycle)
 app.command("report")(report.report)
+app.command("worker")(worker.worker)
 app.add_typer(server.db, name="db")
 app.add_typer(admin.tenants, name="tenants")
 app.add_typer(admin.keys, name="keys")
@@ -45,6 +48,7 @@ app.add_typer(admin.domains, name="domains")
 app.add_typer(sandbox.sandbox, name="sandbox")
 app.add_typer(dataset.dataset, name="dataset")
 app.add_typer(models.models, name="models")
+app.add_typer(runs.runs, name="runs")
 
 
 def _add_plugins() -> None:

@@ -3,17 +3,21 @@
 from __future__ import annotations
 
 import uuid
+from pathlib import Path
 from typing import Any
 
 import typer
+import yaml
 
 from flywheel.cli.common import JsonOption, database_session, emit
 from flywheel.errors import InvalidInput
+from flywheel.registry.service import find_domain
+from flywheel.scheduling.config import cycle_settings
 from flywheel.tenancy import service
 
 tenants = typer.Typer(help="Create and list tenants.", no_args_is_help=True)
 keys = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
-domains = typer.Typer(help="Create and list a tenant's domains.", no_args_is_help=True)
+domains = typer.Typer(help="Create, configure and list a tenant's domains.", no_args_is_help=True)
 
 TenantOption = typer.Option(..., "--tenant", "-t", help="Tenant name.")
 
@@ -131,3 +135,28 @@ def list_domains(tenant: str = TenantOption, as_json: bool = JsonOption) -> None
             for domain in service.list_domains(session=session, tenant=owner)
         ]
     emit(data, as_json=as_json, text="\n".join(item["name"] for item in data) or "(no domains)")
+
+
+@domains.command("configure")
+def configure_domain(
+    name: str = typer.Argument(..., help="The domain."),
+    config_file: Path = typer.Option(
+        ..., "--file", help="YAML or JSON: base_model, cycle, gate, primary_metric, auto_rollback."
+    ),
+    tenant: str = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Replace a domain's configuration (checked before it is stored)."""
+    try:
+        config = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
+    except (OSError, yaml.YAMLError) as error:
+        raise InvalidInput(f"cannot read {config_file}: {error}") from error
+    if not isinstance(config, dict):
+        raise InvalidInput(f"{config_file} must hold a mapping, not {type(config).__name__}")
+    with database_session() as session:
+        owner = service.get_tenant(session=session, name=tenant)
+        domain = find_domain(session, owner.id, name)
+        domain.config = config
+        cycle_settings(domain)  # a bad cycle section fails here, before anything is stored
+        data = {"name": domain.name, "config": config}
+    emit(data, as_json=as_json, text=f"configured {tenant}/{name}")

@@ -78,6 +78,9 @@ def serve(
 def _upgrade(url: str, revision: str = "head") -> str | None:
     try:
         migrate.upgrade(url, revision)
+        from flywheel.scheduling import jobs  # here: keeps the CLI's start-up fast
+
+        jobs.ensure_schema(settings())  # procrastinate's tables, on PostgreSQL
     except SQLAlchemyError as error:
         raise InvalidState(f"could not migrate the database: {_first_line(error)}") from error
     engine = make_engine(settings())

@@ -15,7 +15,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from croniter import croniter
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from flywheel.datasets.service import Recipe
 from flywheel.errors import InvalidInput
@@ -40,8 +41,15 @@ class CycleSettings(BaseModel):
     recipe: dict[str, object] = Field(default_factory=dict)
     eval: EvalSettings = Field(default_factory=EvalSettings)
     auto_promote: bool = True
-    schedule: str = "0 2 * * 1"
+    schedule: str | None = "0 2 * * 1"  # null: no scheduled cycles
     min_new_signal: int = Field(default=50, ge=0)
+
+    @field_validator("schedule")
+    @classmethod
+    def _cron(cls, schedule: str | None) -> str | None:
+        if schedule is not None and not croniter.is_valid(schedule):
+            raise ValueError(f"not a cron expression: {schedule!r}")
+        return schedule
 
     def dataset_recipe(self) -> Recipe:
         try:

@@ -92,6 +92,9 @@ def run_cycle(
             finished = _finished(session, request)
             if finished is not None:
                 return finished  # a retried job whose run had already ended
+        domain = find_domain(session, request.tenant_id, request.domain)
+        config = cycle_settings(domain)  # a bad config fails before the run is claimed
+        configured = domain.config.get("base_model") if isinstance(domain.config, dict) else None
         run = claim_run(
             session,
             tenant_id=request.tenant_id,
@@ -100,9 +103,6 @@ def run_cycle(
             run_id=request.run_id,
             stale_after_s=settings.cycle_stale_after_s,
         )
-        domain = find_domain(session, request.tenant_id, request.domain)
-        config = cycle_settings(domain)
-        configured = domain.config.get("base_model") if isinstance(domain.config, dict) else None
     cycle_metrics().cycles.labels(event="started").inc()
     cycle = _Cycle(sessions, settings, request, run.id, config, configured, progress)
     with cycle.heartbeat():
@@ -291,6 +291,11 @@ class _Cycle:
             raise _Skip(f"v{version.version} was already cycled (run {before.id})")
         if not result["train"]:
             raise _Skip(f"v{version.version} has no training items")
+        if not result["eval"]:
+            raise InvalidState(
+                f"v{version.version} has no eval items to gate on: raise the domain's "
+                "cycle.recipe.eval_fraction or add signal"
+            )
         return result
 
     def trainer(self, method: Method) -> Callable[[], dict[str, Any]]:

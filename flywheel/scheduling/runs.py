@@ -58,6 +58,8 @@ def claim_run(
     running = session.scalars(_cycles(found.id).where(TrainingRun.status == "running")).first()
     if run_id is not None:
         run = _own_run(session, tenant_id, run_id)
+        if run.status == "running" and not _is_stale(run, stale_after_s):
+            raise Conflict(f"run {run_id} is running elsewhere (its heartbeat is fresh)")
     else:
         run = _interrupted(session, found.id, stale_after_s) or _new_run(found, trigger)
     if running is not None and running.id != run.id:

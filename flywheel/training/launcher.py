@@ -12,6 +12,8 @@ checkpoints and the adapter (`job/`).
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import json
 import os
@@ -41,6 +43,7 @@ from flywheel.tenancy.models import Domain
 
 METHODS = ("sft", "dpo", "grpo")
 INTERRUPTED_EXIT = 75  # finetune's "stopped on SIGTERM, checkpointed"
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -216,7 +219,9 @@ def _run(
     a SIGTERM: it checkpoints and exits with INTERRUPTED_EXIT."""
     last_out: list[str] = []
     last_err: list[str] = []
-    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE) as child:
+    with subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_stop_with_parent
+    ) as child:
         relays = [
             threading.Thread(target=_relay, args=(child.stdout, last_out), daemon=True),
             threading.Thread(target=_relay, args=(child.stderr, last_err), daemon=True),
@@ -234,6 +239,13 @@ def _run(
             outcome = None
     error = last_err[0].removeprefix("error: ") if last_err else None
     return code, outcome, error
+
+
+def _stop_with_parent() -> None:
+    """In the trainer, before it starts: a SIGTERM when its parent dies (a killed worker), so
+    it checkpoints and exits instead of training on unowned."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _wait(child: subprocess.Popen[bytes], should_stop: Callable[[], bool] | None) -> int:

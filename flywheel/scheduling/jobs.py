@@ -1,0 +1,380 @@
+"""Cycles on procrastinate workers (PostgreSQL only): the job app, deferring and cancelling.
+
+Queues: `gpu` carries cycles (training), `cpu` the scheduler's housekeeping. Tasks:
+
+- `flywheel.cycle(run_id)` (gpu): carries out one queued cycle run with `run_cycle`. Its job
+  has `lock=domain:<id>`, so two cycles of a domain never run at once, whichever workers
+  hold them (a second one waits for the first), and `queueing_lock=cycle:<id>`, so at most
+  one waits.
+- `flywheel.tick` (cpu, periodic, `scheduler_tick_cron`): decides each domain's schedule
+  period once (`flywheel.scheduling.schedule`).
+- `flywheel.retry_stalled_jobs` (cpu, periodic, `stalled_retry_cron`): the jobs of workers
+  that stopped heart-beating for `stalled_after_s` (killed, machine lost) go back in the queue;
+  the retried cycle resumes its run at the step that was interrupted.
+- `flywheel.prune_jobs` (cpu, daily): finished housekeeping jobs older than a week go.
+
+A cycle's job is deferred on the caller's own database connection, in its transaction: the
+queued run, its job and the run's `job_id` are committed together or not at all.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import Any, cast
+
+import procrastinate
+import psycopg
+from croniter import croniter
+from procrastinate import exceptions as job_errors
+from procrastinate.jobs import Job, Status
+from procrastinate.schema import SchemaManager
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+from sqlalchemy import make_url, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.db import make_engine, make_session_factory, unit_of_work, utcnow
+from flywheel.errors import Conflict, FlywheelError, InvalidState
+from flywheel.registry.models import TrainingRun
+from flywheel.scheduling import schedule
+from flywheel.scheduling.cycle import CycleRequest, run_cycle
+from flywheel.scheduling.runs import queue_cycle, request_cancel
+from flywheel.settings import Settings
+from flywheel.tenancy.models import Domain
+
+log = logging.getLogger(__name__)
+
+GPU, CPU = "gpu", "cpu"
+QUEUES = (GPU, CPU)
+CYCLE_TASK = "flywheel.cycle"
+TICK_TASK = "flywheel.tick"
+RETRY_TASK = "flywheel.retry_stalled_jobs"
+PRUNE_TASK = "flywheel.prune_jobs"
+KEEP_FINISHED_JOBS_H = 7 * 24
+SCHEMA_LOCK = 0x666C7977  # pg_advisory_xact_lock key: one schema install at a time
+MISSING_SCHEMA = (
+    psycopg.errors.UndefinedTable,
+    psycopg.errors.UndefinedFunction,
+    psycopg.errors.UndefinedObject,
+)
+NO_JOB_TABLES = "the job tables are missing: run `flywheel db upgrade`"
+POSTGRES_ONLY = (
+    "workers and scheduled cycles need PostgreSQL (FLYWHEEL_DATABASE_URL); "
+    "run `flywheel cycle` inline"
+)
+
+
+class SchedulerSettings(BaseSettings):
+    """Worker and scheduler settings, each `FLYWHEEL_<NAME>` like the platform's own."""
+
+    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore")
+
+    scheduler_tick_cron: str = Field(
+        default="* * * * *",
+        description="When workers tick the schedule (UTC cron; a 6th field is seconds).",
+    )
+    stalled_retry_cron: str = Field(
+        default="* * * * *",
+        description="When workers look for jobs of dead workers (UTC cron; 6th field: seconds).",
+    )
+    worker_heartbeat_s: float = Field(
+        default=10.0, gt=0, description="How often a worker tells the database it is alive."
+    )
+    stalled_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A worker silent this long is presumed dead and its jobs are retried "
+        "(keep it several heartbeats long).",
+    )
+    stalled_max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="How many times a cycle whose worker died is retried before it fails.",
+    )
+
+    @field_validator("scheduler_tick_cron", "stalled_retry_cron")
+    @classmethod
+    def _is_cron(cls, value: str) -> str:
+        if not croniter.is_valid(value):
+            raise ValueError(f"not a cron expression: {value!r}")
+        return value
+
+
+def job_conninfo(database_url: str) -> str:
+    """The libpq conninfo of a `postgresql+psycopg://` SQLAlchemy URL; InvalidState otherwise."""
+    url = make_url(database_url)
+    if url.get_backend_name() != "postgresql":
+        raise InvalidState(POSTGRES_ONLY)
+    params: dict[str, Any] = {
+        "host": url.host,
+        "port": url.port,
+        "dbname": url.database,
+        "user": url.username,
+        "password": url.password,
+    }
+    for key, value in url.query.items():
+        params[key] = value if isinstance(value, str) else value[-1]
+    return psycopg.conninfo.make_conninfo(
+        **{key: str(value) for key, value in params.items() if value is not None}
+    )
+
+
+def make_job_app(
+    settings: Settings,
+    scheduler: SchedulerSettings | None = None,
+    sessions: sessionmaker[Session] | None = None,
+) -> procrastinate.App:
+    """The procrastinate app a worker runs: its connector, tasks and periodic tasks."""
+    scheduler = scheduler or SchedulerSettings()
+    app = procrastinate.App(
+        connector=procrastinate.PsycopgConnector(
+            conninfo=job_conninfo(settings.resolved_database_url), min_size=1, max_size=4
+        ),
+        worker_defaults={
+            "update_heartbeat_interval": scheduler.worker_heartbeat_s,
+            "stalled_worker_timeout": scheduler.stalled_after_s,
+        },
+    )
+    factory = sessions or make_session_factory(make_engine(settings))
+
+    @app.task(name=CYCLE_TASK, queue=GPU)
+    def cycle(run_id: str) -> dict[str, Any]:
+        return carry_out(factory, settings, uuid.UUID(run_id))
+
+    @app.periodic(cron=scheduler.scheduler_tick_cron, periodic_id="schedule")
+    @app.task(name=TICK_TASK, queue=CPU, queueing_lock=TICK_TASK)
+    def tick(timestamp: int) -> list[dict[str, Any]]:
+        with unit_of_work(factory) as session:
+            at = datetime.fromtimestamp(timestamp, UTC)
+            decisions = schedule.tick(session, at=at, defer=defer_cycle_job)
+        return [decision.as_json() for decision in decisions]
+
+    @app.periodic(cron=scheduler.stalled_retry_cron, periodic_id="stalled")
+    @app.task(name=RETRY_TASK, queue=CPU, queueing_lock=RETRY_TASK)
+    async def retry_stalled_jobs(timestamp: int) -> list[int]:
+        return await retry_stalled(app, factory, scheduler)
+
+    @app.periodic(cron="17 3 * * *", periodic_id="prune")
+    @app.task(name=PRUNE_TASK, queue=CPU, queueing_lock=PRUNE_TASK)
+    async def prune_jobs(timestamp: int) -> None:
+        await app.job_manager.delete_old_jobs(nb_hours=KEEP_FINISHED_JOBS_H, queue=CPU)
+
+    return app
+
+
+def run_worker(
+    settings: Settings,
+    *,
+    queues: Sequence[str] = QUEUES,
+    concurrency: int = 1,
+    name: str | None = None,
+) -> None:
+    """Work the queues until SIGINT/SIGTERM. The first signal stops taking jobs and lets the
+    running ones finish; a second one exits at once (the stalled-job sweep retries them)."""
+    if not has_schema(settings):
+        raise InvalidState(NO_JOB_TABLES)
+    app = make_job_app(settings)
+    app.run_worker(queues=list(queues), concurrency=concurrency, name=name or "flywheel")
+
+
+# -- deferring, cancelling ----------------------------------------------------------------
+
+
+def defer_cycle(
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    *,
+    tenant_id: uuid.UUID,
+    domain: str,
+    trigger: str,
+) -> TrainingRun:
+    """Queue a cycle of `domain` and its job, in one transaction (see `queue_and_defer`)."""
+    job_conninfo(settings.resolved_database_url)  # refuse SQLite before anything is written
+    with unit_of_work(sessions) as session:
+        return queue_and_defer(session, tenant_id=tenant_id, domain=domain, trigger=trigger)
+
+
+def queue_and_defer(
+    session: Session, *, tenant_id: uuid.UUID, domain: str, trigger: str
+) -> TrainingRun:
+    """A queued cycle run with its job deferred and `job_id` set, in the session's transaction.
+    Conflict when one already waits; InvalidState on SQLite (no workers there)."""
+    _psycopg_connection(session)
+    run = queue_cycle(session, tenant_id=tenant_id, domain=domain, trigger=trigger)
+    run.job_id = defer_cycle_job(session, run)
+    session.flush()
+    return run
+
+
+def defer_cycle_job(session: Session, run: TrainingRun) -> int:
+    """Defer `run`'s job on the session's own connection: it commits or rolls back with it."""
+    deferrer = _sync_jobs().configure_task(
+        CYCLE_TASK,
+        queue=GPU,
+        lock=f"domain:{run.domain_id}",
+        queueing_lock=f"cycle:{run.domain_id}",
+        connection=_psycopg_connection(session),
+    )
+    try:
+        return deferrer.defer(run_id=str(run.id))
+    except job_errors.AlreadyEnqueued as error:
+        raise Conflict("a cycle job of this domain is already waiting") from error
+    except job_errors.ConnectorException as error:
+        if isinstance(error.__cause__, MISSING_SCHEMA):
+            raise InvalidState(NO_JOB_TABLES) from error
+        raise
+
+
+def cancel_run(session: Session, *, tenant_id: uuid.UUID, run_id: uuid.UUID) -> TrainingRun:
+    """Cancel a run (`request_cancel`); a queued cycle's job is cancelled too if no worker has
+    taken it yet (a taken one finds its run cancelled and ends at once)."""
+    run = request_cancel(session, tenant_id=tenant_id, run_id=run_id)
+    if run.status == "cancelled" and run.job_id is not None:
+        _sync_jobs().job_manager.cancel_job_by_id(
+            run.job_id, connection=_psycopg_connection(session)
+        )
+    return run
+
+
+def _sync_jobs() -> procrastinate.App:
+    """An app that only defers and cancels, always on a connection it is given (never its own
+    pool, which is never opened)."""
+    return procrastinate.App(connector=procrastinate.SyncPsycopgConnector())
+
+
+def _psycopg_connection(session: Session) -> psycopg.Connection[Any]:
+    if session.get_bind().dialect.name != "postgresql":
+        raise InvalidState(POSTGRES_ONLY)
+    return cast(psycopg.Connection[Any], session.connection().connection.driver_connection)
+
+
+# -- the schema ----------------------------------------------------------------------------
+
+
+def has_schema(settings: Settings) -> bool:
+    with psycopg.connect(job_conninfo(settings.resolved_database_url)) as connection:
+        row = connection.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()
+    return row is not None and row[0] is not None
+
+
+def ensure_schema(settings: Settings) -> bool:
+    """`apply_schema` on PostgreSQL; nothing on SQLite (no workers there). What
+    `flywheel db upgrade` calls."""
+    if make_url(settings.resolved_database_url).get_backend_name() != "postgresql":
+        return False
+    return apply_schema(settings)
+
+
+def apply_schema(settings: Settings) -> bool:
+    """Install procrastinate's tables and functions unless they are there; True if it did.
+    Safe to run from several processes at once (an advisory lock serialises them)."""
+    with psycopg.connect(job_conninfo(settings.resolved_database_url)) as connection:
+        connection.execute("SELECT pg_advisory_xact_lock(%s)", (SCHEMA_LOCK,))
+        row = connection.execute("SELECT to_regclass('procrastinate_jobs')").fetchone()
+        if row is not None and row[0] is not None:
+            return False
+        connection.execute(SchemaManager.get_schema())
+    return True
+
+
+# -- what the tasks do ---------------------------------------------------------------------
+
+
+def carry_out(
+    sessions: sessionmaker[Session], settings: Settings, run_id: uuid.UUID
+) -> dict[str, Any]:
+    """Run (or resume) the queued cycle `run_id`. If it cannot start because another cycle of
+    the domain runs outside the workers (`flywheel cycle`), it ends `skipped`; on any other
+    error before it started, `failed`: a run never stays queued with no job behind it. (A run
+    that started and then crashed stays `running` until stale, and is resumed.)"""
+    with sessions() as session:
+        run = session.get(TrainingRun, run_id)
+        if run is None:
+            log.warning("cycle job for a run that does not exist", extra={"run_id": str(run_id)})
+            return {"run_id": str(run_id), "status": "missing"}
+        domain = session.get_one(Domain, run.domain_id)
+        trigger = str((run.config or {}).get("trigger", "schedule"))
+        request = CycleRequest(run.tenant_id, domain.name, trigger, run_id=run.id)
+    try:
+        return run_cycle(sessions, request, settings).as_json()
+    except Conflict as error:
+        end_run(sessions, run_id, "skipped", f"not run: {error.message}", unless_started=True)
+        return {"run_id": str(run_id), "status": "skipped", "error": error.message}
+    except Exception as error:
+        message = error.message if isinstance(error, FlywheelError) else repr(error)
+        end_run(sessions, run_id, "failed", message, unless_started=True)
+        raise
+
+
+def end_run(
+    sessions: sessionmaker[Session],
+    run_id: uuid.UUID,
+    status: str,
+    error: str,
+    *,
+    unless_started: bool = False,
+) -> None:
+    """End a run that is still queued (or running, unless `unless_started`); a finished one
+    is left as it is."""
+    open_statuses = ("queued",) if unless_started else ("queued", "running")
+    with unit_of_work(sessions) as session:
+        session.execute(
+            update(TrainingRun)
+            .where(TrainingRun.id == run_id, TrainingRun.status.in_(open_statuses))
+            .values(status=status, error=error, finished_at=utcnow())
+        )
+
+
+async def retry_stalled(
+    app: procrastinate.App, sessions: sessionmaker[Session], scheduler: SchedulerSettings
+) -> list[int]:
+    """Put the jobs of dead workers back in the queue; the ids retried. A stalled cycle is
+    retried up to `stalled_max_retries` times; a stalled housekeeping job just ends (the next
+    period brings another)."""
+    manager = app.job_manager
+    retried = []
+    for job in await manager.get_stalled_jobs(seconds_since_heartbeat=scheduler.stalled_after_s):
+        assert job.id is not None
+        if job.task_name != CYCLE_TASK:
+            await _finish_failed(app, job)
+        elif job.attempts >= scheduler.stalled_max_retries:
+            await _give_up(app, sessions, job, f"its worker was lost {job.attempts + 1} times")
+        elif await _retry(app, sessions, job):
+            retried.append(job.id)
+    return retried
+
+
+async def _retry(app: procrastinate.App, sessions: sessionmaker[Session], job: Job) -> bool:
+    try:
+        await app.job_manager.retry_job(job)
+    except job_errors.UniqueViolation:
+        # Another cycle of the domain waits (one may wait per domain): that one goes ahead.
+        await _give_up(app, sessions, job, "its worker was lost and a newer cycle is queued")
+        return False
+    except job_errors.ConnectorException as error:  # a concurrent sweep retried it first
+        log.info("stalled job %s not retried: %s", job.id, error)
+        return False
+    log.warning("retrying job %s: its worker stopped heart-beating", job.id)
+    return True
+
+
+async def _give_up(
+    app: procrastinate.App, sessions: sessionmaker[Session], job: Job, reason: str
+) -> None:
+    await _finish_failed(app, job)
+    run_id = job.task_kwargs.get("run_id")
+    if isinstance(run_id, str):
+        await asyncio.to_thread(end_run, sessions, uuid.UUID(run_id), "failed", reason)
+    log.error("cycle job %s failed: %s", job.id, reason, extra={"run_id": run_id})
+
+
+async def _finish_failed(app: procrastinate.App, job: Job) -> None:
+    assert job.id is not None
+    try:
+        await app.job_manager.finish_job_by_id_async(job.id, Status.FAILED, delete_job=False)
+    except job_errors.ConnectorException as error:  # already finished or retried
+        log.info("stalled job %s not ended: %s", job.id, error)
