@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from importlib.metadata import entry_points
 
@@ -51,10 +52,12 @@ app.add_typer(models.models, name="models")
 app.add_typer(runs.runs, name="runs")
 
 
+@functools.cache  # once per process
 def _add_plugins() -> None:
     """Commands other packages register under the `flywheel.cli` entry-point group
-    (`flywheel ingest`, `flywheel compile` from `ingest/`): a Typer app becomes a command
-    group, a function a command."""
+    (`flywheel ingest`, `flywheel compile`, `flywheel demo` from `ingest/`): a Typer app
+    becomes a command group, a function a command. Loaded on the first `main()`, not at
+    import, so a plugin may import `flywheel.cli` modules itself."""
     for plugin in entry_points(group="flywheel.cli"):
         command = plugin.load()
         if isinstance(command, typer.Typer):
@@ -63,11 +66,10 @@ def _add_plugins() -> None:
             app.command(plugin.name)(command)
 
 
-_add_plugins()
-
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; errors become `error: ...` on one line and a non-zero exit code."""
+    _add_plugins()
     try:
         # Without standalone mode, click returns a typer.Exit's code instead of raising it.
         result = app(args=argv, standalone_mode=False)

@@ -1,0 +1,20 @@
+"""Sample data for `flywheel demo`: feedback, tickets and a repository, written to files that
+the ordinary `flywheel ingest` commands read. Standard library only."""
+
+from ingest.demo.data import (
+    ARITHMETIC_DOMAIN,
+    CODE_DOMAIN,
+    SUPPORT_DOMAIN,
+    write_arithmetic,
+    write_repository,
+    write_support,
+)
+
+__all__ = [
+    "ARITHMETIC_DOMAIN",
+    "CODE_DOMAIN",
+    "SUPPORT_DOMAIN",
+    "write_arithmetic",
+    "write_repository",
+    "write_support",
+]

@@ -1,0 +1,179 @@
+"""The demo's learnable domain: feedback on two-digit additions, in two batches.
+
+The problem family is `finetune.synthetic`'s (re-implemented here: ingest never imports the
+trainer): `a+b=` with 10 <= a, b <= 99, asked as one user turn, answered with the sum. The
+tiny base model is pretrained on the sums whose units digits do not carry, so a carry
+(17+25=) is the skill it lacks and the feedback must teach.
+
+What users sent, as `POST /v1/feedback` bodies carrying their own conversation:
+
+- corrections: the assistant dropped a carry (17+25= -> "32") or invented one (12+34= ->
+  "56") and a user typed the right sum. The compiler turns each into an SFT example (the
+  corrected sum) and a preference pair (corrected over original). About two in three are
+  carries; the rest keep the adapter from learning "always carry";
+- comparisons: two answers side by side, the right one preferred (pairs only);
+- thumbs up on right answers to sums without a carry (KTO labels: the model got those right).
+
+Every prompt is asked once across both batches, so they never overlap and each prompt is its
+own group: `flywheel dataset build` draws a tenth of them into the frozen eval set. Batch 2
+is the "more feedback" of the second cycle: three times as many corrections as batch 1, so
+the second adapter learns the carry from far more examples than the first.
+
+Problems are picked by a hash of the prompt (no random module, no seed): the same batch
+gives the same bytes on every machine and Python version.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+LOW, HIGH = 10, 99
+RATERS = 12  # pseudonymous raters: "rater-" + 8 hex digits of a hash
+
+
+@dataclass(frozen=True)
+class Problem:
+    a: int
+    b: int
+
+    @property
+    def prompt(self) -> str:
+        return f"{self.a}+{self.b}="
+
+    @property
+    def answer(self) -> str:
+        return str(self.a + self.b)
+
+    @property
+    def carries(self) -> bool:
+        return self.a % 10 + self.b % 10 >= 10
+
+    @property
+    def wrong_answer(self) -> str:
+        """The carry mistake: dropped where there is one (17+25 -> 32), invented where there
+        is none (12+34 -> 56), as in `finetune.synthetic`."""
+        return str(self.a + self.b + (-10 if self.carries else 10))
+
+
+@dataclass(frozen=True)
+class BatchSize:
+    """How many prompts of each kind of feedback one batch holds."""
+
+    carry_corrections: int
+    carry_comparisons: int
+    plain_corrections: int  # corrections of an invented carry (a problem without one)
+    plain_comparisons: int
+    thumbs_up: int  # right answers to problems without a carry
+
+    @property
+    def carries(self) -> int:
+        return self.carry_corrections + self.carry_comparisons
+
+    @property
+    def plain(self) -> int:
+        return self.plain_corrections + self.plain_comparisons + self.thumbs_up
+
+
+# (quick, batch) -> its size; quick is the CI smoke's (fewer items, the same proportions)
+SIZES: dict[tuple[bool, int], BatchSize] = {
+    (False, 1): BatchSize(400, 20, 200, 20, 40),
+    (False, 2): BatchSize(1000, 60, 500, 60, 60),
+    (True, 1): BatchSize(200, 10, 100, 10, 20),
+    (True, 2): BatchSize(400, 20, 200, 20, 30),
+}
+
+
+def all_problems() -> list[Problem]:
+    """Every problem, in a fixed order that looks random (sha256 of the prompt)."""
+    problems = [Problem(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)]
+    return sorted(problems, key=lambda p: _digest(f"flywheel-demo:{p.prompt}"))
+
+
+def batch_problems(batch: int, *, quick: bool) -> tuple[list[Problem], list[Problem]]:
+    """(carry problems, problems without a carry) of a batch. Batch 1's carries are small
+    sums (below 100), batch 2's carry into the hundreds (57+68=125): a skill the first
+    adapter has seen no example of. Problems without a carry come from one list, batch 2
+    taking those after batch 1's, so the two batches never share a prompt."""
+    if batch not in (1, 2):
+        raise ValueError(f"the demo has feedback batches 1 and 2, not {batch}")
+    ordered = all_problems()
+    carries = [p for p in ordered if p.carries and (p.a + p.b < 100) == (batch == 1)]
+    plain = [p for p in ordered if not p.carries]
+    size = SIZES[quick, batch]
+    plain_start = 0 if batch == 1 else SIZES[quick, 1].plain
+    return carries[: size.carries], plain[plain_start : plain_start + size.plain]
+
+
+def feedback_events(batch: int, *, quick: bool) -> list[dict[str, Any]]:
+    """The batch's feedback events, in `POST /v1/feedback` shape (no `domain`: they go to
+    the domain the file is ingested into), shuffled by a hash into a stable order."""
+    size = SIZES[quick, batch]
+    carries, plain = batch_problems(batch, quick=quick)
+    compared_plain = plain[size.plain_corrections : size.plain_corrections + size.plain_comparisons]
+    events = [
+        *(_correction(p) for p in carries[: size.carry_corrections]),
+        *(_comparison(p, i) for i, p in enumerate(carries[size.carry_corrections :])),
+        *(_correction(p) for p in plain[: size.plain_corrections]),
+        *(_comparison(p, i) for i, p in enumerate(compared_plain)),
+        *(_thumbs_up(p) for p in plain[size.plain_corrections + size.plain_comparisons :]),
+    ]
+    events.sort(key=lambda event: _digest(f"order:{event['event_id']}"))
+    return [_numbered(event, batch, number) for number, event in enumerate(events, 1)]
+
+
+def _numbered(event: dict[str, Any], batch: int, number: int) -> dict[str, Any]:
+    return {**event, "event_id": f"demo-arith-b{batch}-{number:05d}"}
+
+
+def _correction(problem: Problem) -> dict[str, Any]:
+    return {
+        "kind": "correction",
+        "prompt": problem.prompt,
+        "response": problem.wrong_answer,
+        "value": {"text": problem.answer},
+        "rater": rater_id(problem.prompt),
+        "event_id": f"correction:{problem.prompt}",
+    }
+
+
+def _comparison(problem: Problem, index: int) -> dict[str, Any]:
+    """Two answers shown side by side; the right one is preferred, at either position."""
+    right_first = index % 2 == 0
+    responses = (
+        [problem.answer, problem.wrong_answer]
+        if right_first
+        else [problem.wrong_answer, problem.answer]
+    )
+    return {
+        "kind": "comparison",
+        "value": {
+            "messages": [{"role": "user", "content": problem.prompt}],
+            "responses": responses,
+            "preferred": 0 if right_first else 1,
+        },
+        "rater": rater_id(problem.prompt),
+        "event_id": f"comparison:{problem.prompt}",
+    }
+
+
+def _thumbs_up(problem: Problem) -> dict[str, Any]:
+    return {
+        "kind": "rating",
+        "prompt": problem.prompt,
+        "response": problem.answer,
+        "value": {"thumbs": "up"},
+        "rater": rater_id(problem.prompt),
+        "event_id": f"rating:{problem.prompt}",
+    }
+
+
+def rater_id(seed: str) -> str:
+    """One of RATERS pseudonymous ids, the same for the same seed."""
+    number = int(_digest(f"rater:{seed}"), 16) % RATERS
+    return "rater-" + _digest(f"demo-rater-{number}")[:8]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()

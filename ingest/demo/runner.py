@@ -1,0 +1,243 @@
+"""`flywheel demo`: the whole flywheel on one laptop, in an empty directory.
+
+On the embedded default (SQLite, a local MLflow store, CPU): bundled sample data goes in
+through the ordinary commands (support tickets and feedback, a small repository with tests,
+feedback on two-digit additions), a tiny base model is pretrained on the additions without a
+carry, and the arithmetic domain turns twice — cycle, more feedback, cycle — each turn
+compiling the feedback, building a dataset version, training a LoRA adapter in a subprocess,
+evaluating it against the champion (or the base) and promoting it when the gate passes. It
+ends with a summary table and an HTML report (`<dir>/report.html`).
+
+Every step is a real `flywheel` command run in this process (`flywheel.cli.main`), so the
+demo walks the same paths a user does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import typer
+import yaml
+from rich.console import Console
+
+from flywheel.cli.common import JsonOption, database_session, emit
+from flywheel.errors import InvalidInput, InvalidState
+from ingest.demo.data import (
+    ARITHMETIC_DOMAIN,
+    CODE_DOMAIN,
+    SUPPORT_DOMAIN,
+    write_arithmetic,
+    write_repository,
+    write_support,
+)
+from ingest.demo.summary import cycle_rows, domain_counts, print_summary
+
+TENANT = "demo"
+SETTINGS_LEFT_OUT = ("FLYWHEEL_DATABASE_URL", "FLYWHEEL_MLFLOW_TRACKING_URI", "FLYWHEEL_BASE_MODEL")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How big the demo is: the full one, or the CI smoke (`--quick`)."""
+
+    pretrain_steps: int
+    cycle: dict[str, Any]
+    gate: dict[str, Any]
+
+    @classmethod
+    def of(cls, quick: bool) -> Plan:
+        return QUICK if quick else FULL
+
+
+# Calibrated by measurement (see the notes of the issue that added the demo).
+FULL = Plan(
+    pretrain_steps=600,
+    cycle={
+        "methods": ["sft"],
+        "overrides": {"sft": ["max_steps=120", "learning_rate=0.003", "lora.r=16",
+                              "per_device_train_batch_size=16", "max_length=32"]},
+        "eval": {"max_new_tokens": 4, "k": 1},
+        "recipe": {"eval_fraction": 0.1},
+    },
+    gate={"min_items": 20},
+)  # fmt: skip
+QUICK = Plan(
+    pretrain_steps=300,
+    cycle={
+        "methods": ["sft"],
+        "overrides": {"sft": ["max_steps=60", "learning_rate=0.003", "lora.r=16",
+                              "per_device_train_batch_size=16", "max_length=32"]},
+        "eval": {"max_new_tokens": 4, "k": 1},
+        "recipe": {"eval_fraction": 0.1},
+    },
+    gate={"min_items": 10},
+)  # fmt: skip
+
+
+@dataclass
+class Demo:
+    directory: Path
+    quick: bool
+    stages: list[dict[str, Any]] = field(default_factory=list)
+    cycles: list[dict[str, Any]] = field(default_factory=list)
+    ingested: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def home(self) -> Path:
+        return self.directory / ".flywheel"
+
+    @property
+    def data(self) -> Path:
+        return self.directory / "data"
+
+    @property
+    def base(self) -> Path:
+        return self.home / "models" / "tiny-base"
+
+
+def run_demo(directory: Path, *, quick: bool) -> Demo:
+    """Run the demo in `directory` (created; it must not hold a workspace already)."""
+    demo = Demo(directory.resolve(), quick)
+    if demo.home.exists():
+        raise InvalidInput(f"{demo.home} already exists: run the demo in an empty directory")
+    demo.directory.mkdir(parents=True, exist_ok=True)
+    _use_workspace(demo)
+    plan = Plan.of(quick)
+    total = 8
+    with _stage(demo, 1, total, "workspace: embedded database and MLflow store"):
+        _setup(demo, plan)
+    with _stage(demo, 2, total, "tiny base model: pretrained on additions without a carry"):
+        _pretrain(demo, plan)
+    with _stage(demo, 3, total, "ingest: support tickets and feedback, a repository, feedback"):
+        _ingest_samples(demo)
+    with _stage(demo, 4, total, "compile and build dataset versions (support, code)"):
+        for domain in (SUPPORT_DOMAIN, CODE_DOMAIN):
+            _cli("compile", "--domain", domain, "--tenant", TENANT)
+            _cli("dataset", "build", "--domain", domain, "--tenant", TENANT)
+    with _stage(demo, 5, total, "cycle 1 of arithmetic: compile, build, train, eval, gate"):
+        demo.cycles.append(_cycle())
+    with _stage(demo, 6, total, "more feedback arrives (batch 2)"):
+        (path,) = write_arithmetic(demo.data, batch=2, quick=quick)
+        demo.ingested["arithmetic batch 2"] = _ingest("feedback", str(path), ARITHMETIC_DOMAIN)
+    with _stage(demo, 7, total, "cycle 2 of arithmetic: against the champion"):
+        demo.cycles.append(_cycle())
+    with _stage(demo, 8, total, "report"):
+        _cli("report", "--domain", ARITHMETIC_DOMAIN, "--tenant", TENANT,
+             "--out", str(demo.directory / "report.html"))  # fmt: skip
+    return demo
+
+
+def _use_workspace(demo: Demo) -> None:
+    """The embedded default, whatever this shell points at: the demo never touches a
+    configured database or MLflow server. Subprocesses (training) inherit it."""
+    os.environ["FLYWHEEL_HOME"] = str(demo.home)
+    for name in SETTINGS_LEFT_OUT:
+        os.environ.pop(name, None)
+
+
+def _setup(demo: Demo, plan: Plan) -> None:
+    _cli("init")
+    _cli("tenants", "create", TENANT)
+    configs = {
+        ARITHMETIC_DOMAIN: {"base_model": str(demo.base), "cycle": plan.cycle, "gate": plan.gate},
+        SUPPORT_DOMAIN: {"base_model": str(demo.base)},
+        CODE_DOMAIN: {"base_model": str(demo.base)},
+    }
+    for name, config in configs.items():
+        _cli("domains", "create", name, "--tenant", TENANT)
+        path = demo.directory / "config" / f"{name}.yaml"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
+        _cli("domains", "configure", name, "--tenant", TENANT, "--file", str(path))
+
+
+def _pretrain(demo: Demo, plan: Plan) -> None:
+    command = [sys.executable, "-m", "finetune.tiny", "--out", str(demo.base),
+               "--steps", str(plan.pretrain_steps)]  # fmt: skip
+    if subprocess.run(command, check=False).returncode != 0:
+        raise InvalidState("building the tiny base model failed (its output is above)")
+
+
+def _ingest_samples(demo: Demo) -> None:
+    tickets, support_feedback = write_support(demo.data)
+    repository = write_repository(demo.data)
+    (arithmetic,) = write_arithmetic(demo.data, batch=1, quick=demo.quick)
+    demo.ingested["support tickets"] = _ingest(
+        "tickets", str(tickets), SUPPORT_DOMAIN, "--format", "csv"
+    )
+    demo.ingested["support feedback"] = _ingest("feedback", str(support_feedback), SUPPORT_DOMAIN)
+    demo.ingested["repository"] = _ingest("repo", str(repository), CODE_DOMAIN, "--history", "2")
+    demo.ingested["arithmetic batch 1"] = _ingest("feedback", str(arithmetic), ARITHMETIC_DOMAIN)
+
+
+def _ingest(kind: str, source: str, domain: str, *extra: str) -> Any:
+    return _cli("ingest", kind, source, "--domain", domain, "--tenant", TENANT, *extra)
+
+
+def _cycle() -> dict[str, Any]:
+    outcome: dict[str, Any] = _cli("cycle", "--domain", ARITHMETIC_DOMAIN, "--tenant", TENANT)
+    return outcome
+
+
+def _cli(*argv: str) -> Any:
+    """Run one `flywheel` command here, its JSON result captured (its progress and logs go
+    to stderr as usual); a failure stops the demo with that command's error."""
+    from flywheel.cli import main as flywheel  # here: the CLI loads this module as a plugin
+
+    captured = io.StringIO()
+    with contextlib.redirect_stdout(captured):
+        code = flywheel([*argv, "--json"])
+    if code != 0:
+        raise InvalidState(f"`flywheel {' '.join(argv)}` failed (its error is above)")
+    text = captured.getvalue().strip()
+    return json.loads(text) if text else None
+
+
+@contextlib.contextmanager
+def _stage(demo: Demo, number: int, total: int, title: str) -> Any:
+    sys.stderr.write(f"\n[{number}/{total}] {title}\n")
+    sys.stderr.flush()
+    started = time.monotonic()
+    yield
+    seconds = time.monotonic() - started
+    demo.stages.append({"stage": title, "seconds": round(seconds, 1)})
+    sys.stderr.write(f"[{number}/{total}] done in {seconds:.1f} s\n")
+
+
+def demo_command(
+    directory: Path = typer.Option(
+        Path("flywheel-demo"), "--dir", help="Where to run it (created; must be new)."
+    ),
+    quick: bool = typer.Option(False, "--quick", help="The short CI smoke run (< 3 minutes)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Run the whole flywheel on bundled sample data: ingest, a tiny base model, a cycle,
+    more feedback, a second cycle; then a summary table and an HTML report."""
+    started = time.monotonic()
+    demo = run_demo(directory, quick=quick)
+    with database_session() as session:
+        counts = domain_counts(session)
+    data = {
+        "directory": str(demo.directory),
+        "report": str(demo.directory / "report.html"),
+        "seconds": round(time.monotonic() - started, 1),
+        "stages": demo.stages,
+        "ingested": demo.ingested,
+        "domains": counts,
+        "cycles": cycle_rows(demo.cycles),
+    }
+    if as_json:
+        emit(data, as_json=True, text="")
+        return
+    console = Console()
+    print_summary(console, counts, demo.cycles)
+    console.print(f"report: {data['report']}  ({data['seconds']:.0f} s in all)")

@@ -1,0 +1,107 @@
+"""The demo's closing table: what went in, what it became, and what the cycles did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from flywheel.datasets.models import DatasetVersion
+from flywheel.feedback.models import FeedbackEvent, Interaction
+from flywheel.registry.service import current_champion
+from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
+from flywheel.tenancy.models import Domain
+
+COUNTED: dict[str, Any] = {
+    "interactions": Interaction,
+    "feedback events": FeedbackEvent,
+    "SFT examples": SftExample,
+    "preference pairs": PreferencePair,
+    "labels": LabeledCompletion,
+    "tasks": VerifiableTask,
+    "dataset versions": DatasetVersion,
+}
+
+
+def domain_counts(session: Session) -> dict[str, dict[str, Any]]:
+    """Per domain: rows of each kind, verified tasks, and the champion."""
+    counts: dict[str, dict[str, Any]] = {}
+    for domain in session.scalars(select(Domain).order_by(Domain.name)):
+        row: dict[str, Any] = {}
+        for label, model in COUNTED.items():
+            query = select(func.count()).select_from(model).where(model.domain_id == domain.id)
+            row[label] = session.scalar(query) or 0
+        row["verified tasks"] = session.scalar(
+            select(func.count())
+            .select_from(VerifiableTask)
+            .where(VerifiableTask.domain_id == domain.id)
+            .where(VerifiableTask.verifier_status == "usable")
+        )
+        champion = current_champion(session, domain.id)
+        row["champion"] = f"v{champion.version}" if champion else "-"
+        counts[domain.name] = row
+    return counts
+
+
+def cycle_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One row per cycle: the dataset it trained on, the candidate, its held-out primary
+    metric against its rival's, and the gate's decision."""
+    rows = []
+    for number, outcome in enumerate(cycles, start=1):
+        steps = outcome.get("steps", {})
+        built = (steps.get("build") or {}).get("result") or {}
+        gate = (steps.get("evaluate") or {}).get("result") or {}
+        promoted = (steps.get("promote") or {}).get("result") or {}
+        metric, ours, theirs = _primary(gate)
+        rows.append({
+            "cycle": number,
+            "status": outcome.get("status"),
+            "dataset_version": built.get("dataset_version"),
+            "candidate": f"v{gate.get('version')}" if gate else "-",
+            "against": gate.get("against", "-"),
+            "metric": metric,
+            "before": theirs,
+            "after": ours,
+            "gate": "passed" if gate.get("is_promotable") else "failed" if gate else "-",
+            "promoted": bool(promoted.get("promoted")),
+            "seconds": sum(float(s.get("duration_s") or 0) for s in steps.values()),
+        })  # fmt: skip
+    return rows
+
+
+def _primary(gate: dict[str, Any]) -> tuple[str, float | None, float | None]:
+    summary, against = gate.get("summary") or {}, gate.get("against_summary") or {}
+    for metric in ("pass@1", "exact_match", "preference_accuracy"):
+        if metric in summary:
+            return metric, summary.get(metric), against.get(metric)
+    return "-", None, None
+
+
+def print_summary(
+    console: Console, counts: dict[str, dict[str, Any]], cycles: list[dict[str, Any]]
+) -> None:
+    data = Table(title="Data and training signal, per domain")
+    data.add_column("")
+    for name in counts:
+        data.add_column(name, justify="right")
+    for label in [*COUNTED, "verified tasks", "champion"]:
+        data.add_row(label, *(str(row[label]) for row in counts.values()))
+    console.print(data)
+    turns = Table(title="Cycles of the arithmetic domain (held-out eval set)")
+    for column in ("cycle", "dataset", "candidate", "against", "metric", "before", "after",
+                   "gate", "promoted", "seconds"):  # fmt: skip
+        turns.add_column(column, justify="right")
+    for row in cycle_rows(cycles):
+        turns.add_row(
+            str(row["cycle"]), f"v{row['dataset_version']}", row["candidate"],
+            str(row["against"]), row["metric"], _number(row["before"]), _number(row["after"]),
+            row["gate"], "yes" if row["promoted"] else "no", f"{row['seconds']:.0f}",
+        )  # fmt: skip
+    console.print(turns)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}"
