@@ -127,6 +127,11 @@ def _finished(session: Session, request: CycleRequest) -> CycleOutcome | None:
     return None
 
 
+def _named(version: object) -> str:
+    """ "base", or a version number as "v3"."""
+    return f"v{version}" if str(version).isdigit() else str(version)
+
+
 def in_order(steps: dict[str, Any]) -> dict[str, Any]:
     """Steps in the order they started (PostgreSQL's JSONB does not keep key order)."""
     return dict(sorted(steps.items(), key=lambda item: str(item[1].get("started_at", ""))))
@@ -389,6 +394,6 @@ class _Cycle:
                 domain=self.request.domain,
                 version=version,
                 actor=f"cycle:{self.run_id}",
-                reason=f"gate passed against {gate.get('against')}",
+                reason=f"gate passed against {_named(gate.get('against'))}",
             )
             return {"promoted": True, "version": version, "promotion_event_id": str(event.id)}

@@ -1,10 +1,12 @@
 """Sample data for `flywheel demo`: feedback, tickets and a repository, written to files that
-the ordinary `flywheel ingest` commands read. Standard library only."""
+the ordinary `flywheel ingest` commands read, and the arithmetic domain's calibrated settings.
+Standard library only."""
 
 from ingest.demo.data import (
     ARITHMETIC_DOMAIN,
     CODE_DOMAIN,
     SUPPORT_DOMAIN,
+    arithmetic_plan,
     write_arithmetic,
     write_repository,
     write_support,
@@ -14,6 +16,7 @@ __all__ = [
     "ARITHMETIC_DOMAIN",
     "CODE_DOMAIN",
     "SUPPORT_DOMAIN",
+    "arithmetic_plan",
     "write_arithmetic",
     "write_repository",
     "write_support",

@@ -15,9 +15,14 @@ What users sent, as `POST /v1/feedback` bodies carrying their own conversation:
 - thumbs up on right answers to sums without a carry (KTO labels: the model got those right).
 
 Every prompt is asked once across both batches, so they never overlap and each prompt is its
-own group: `flywheel dataset build` draws a tenth of them into the frozen eval set. Batch 2
-is the "more feedback" of the second cycle: three times as many corrections as batch 1, so
-the second adapter learns the carry from far more examples than the first.
+own group: `flywheel dataset build` draws a tenth of them into the frozen eval set.
+
+Batch 1's carries are small sums (below 100). Batch 2, the "more feedback" of the second
+cycle, is 2.5 times larger and its carries run into the hundreds (57+68=125), which the first
+adapter has seen no example of: it gets them wrong, the second adapter learns them, and on
+the grown eval set the second clearly beats the first. (More examples of the same kind would
+not do: at this size the adapter's accuracy follows its training steps, not the number of
+distinct examples, so a bigger batch 1 alone teaches the same.)
 
 Problems are picked by a hash of the prompt (no random module, no seed): the same batch
 gives the same bytes on every machine and Python version.
@@ -76,7 +81,9 @@ class BatchSize:
         return self.plain_corrections + self.plain_comparisons + self.thumbs_up
 
 
-# (quick, batch) -> its size; quick is the CI smoke's (fewer items, the same proportions)
+# (quick, batch) -> its size; quick is the CI smoke's. Batch 1's corrections are its SFT
+# items: their eval share (~60 at the eval fractions of `data.arithmetic_plan`) must clear
+# the gate's `min_items` (30).
 SIZES: dict[tuple[bool, int], BatchSize] = {
     (False, 1): BatchSize(400, 20, 200, 20, 40),
     (False, 2): BatchSize(1000, 60, 500, 60, 60),

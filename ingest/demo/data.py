@@ -11,6 +11,10 @@
 
 Every writer is deterministic: the same arguments give the same bytes (the repository's
 commits included: fixed author, committer and dates).
+
+`arithmetic_plan(quick=...)` is how the arithmetic domain was calibrated to learn through the
+real CLI on 2 CPU cores: the base model's pretraining steps, the domain's `cycle` settings
+(SFT overrides, eval options, dataset recipe), its gate and its primary metric.
 """
 
 from __future__ import annotations
@@ -25,6 +29,48 @@ from ingest.demo import arithmetic, repository, support
 ARITHMETIC_DOMAIN = "arithmetic"
 SUPPORT_DOMAIN = "support"
 CODE_DOMAIN = "code"
+
+
+# Measured through the CLI (init, ingest, compile, dataset build, train sft, eval, promote;
+# seeds 0-3): base -> v1 -> v2 held-out exact match about 0.4 -> 0.8-0.93 on batch 1's eval
+# set, and v1 -> v2 about 0.45 -> 0.75-0.87 on the grown eval set (batch 2 carries into the
+# hundreds, which v1 never saw); every gate passed. Training steps cost ~0.03-0.1 s each: the
+# time goes to starting the trainer and evaluator subprocesses, not to training.
+SFT_OVERRIDES = (
+    "max_steps=100",
+    "learning_rate=0.005",
+    "per_device_train_batch_size=32",
+    "lora.r=16",
+    "lora.alpha=32",
+    "max_length=64",
+    "warmup_ratio=0.05",
+    "save_steps=100",
+    "logging_steps=10",
+)
+
+
+def arithmetic_plan(*, quick: bool) -> dict[str, Any]:
+    """Settings for the arithmetic domain: `pretrain_steps` for `python -m finetune.tiny`,
+    and the domain config (`primary_metric`, `gate`, `cycle`).
+
+    The primary metric is exact match (the held-out sums answered right); preference accuracy
+    moves as well. Both demos keep the gate's defaults, `min_items` 30 included: the eval
+    split (drawn by hash, per prompt) gets ~60 of batch 1's SFT items, a tenth of the full
+    demo's prompts and a fifth of the quick one's (its batch 1 is half as large), so a draw
+    below 30 is a 4-sigma event. Pretraining steps stay at 800 for quick too: 600 saved 5 s
+    and left the second cycle's win marginal (interval low end +0.03 in one run).
+    """
+    return {
+        "pretrain_steps": 800,
+        "primary_metric": "exact_match",
+        "gate": {},
+        "cycle": {
+            "methods": ["sft"],
+            "overrides": {"sft": list(SFT_OVERRIDES)},
+            "eval": {"max_new_tokens": 6, "k": 1},
+            "recipe": {"eval_fraction": 0.2 if quick else 0.1},
+        },
+    }
 
 
 def write_arithmetic(directory: Path, *, batch: int, quick: bool) -> list[Path]:

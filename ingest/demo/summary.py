@@ -61,7 +61,7 @@ def cycle_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "status": outcome.get("status"),
             "dataset_version": built.get("dataset_version"),
             "candidate": f"v{gate.get('version')}" if gate else "-",
-            "against": gate.get("against", "-"),
+            "against": _version(gate.get("against")),
             "metric": metric,
             "before": theirs,
             "after": ours,
@@ -101,6 +101,12 @@ def print_summary(
             row["gate"], "yes" if row["promoted"] else "no", f"{row['seconds']:.0f}",
         )  # fmt: skip
     console.print(turns)
+
+
+def _version(name: object) -> str:
+    if name is None:
+        return "-"
+    return f"v{name}" if str(name).isdigit() else str(name)
 
 
 def _number(value: float | None) -> str:

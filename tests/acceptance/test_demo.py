@@ -1,0 +1,50 @@
+"""`flywheel demo --quick`, as a new user runs it: a fresh process, an empty directory, the
+embedded default (nothing configured). It must end with a promoted adapter whose held-out
+metric beats what it was measured against, and a report."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.no_database  # its own embedded workspace: once, in the PostgreSQL pass
+
+
+def test_the_quick_demo_promotes_an_adapter_that_learned(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+    directory = tmp_path / "demo"
+
+    result = subprocess.run(
+        [sys.executable, "-m", "flywheel", "demo", "--quick", "--dir", str(directory), "--json"],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads(result.stdout)
+    cycles = summary["cycles"]
+    assert [cycle["status"] for cycle in cycles] == ["succeeded", "succeeded"]
+    promoted = [cycle for cycle in cycles if cycle["promoted"]]
+    assert promoted, cycles
+    for cycle in promoted:  # the held-out metric moved, through the gate
+        assert cycle["after"] > cycle["before"], cycle
+    domains = summary["domains"]
+    assert domains["arithmetic"]["champion"] == promoted[-1]["candidate"]
+    assert domains["support"]["SFT examples"] > 0
+    assert domains["support"]["preference pairs"] > 0
+    assert domains["code"]["verified tasks"] > 0
+    assert domains["arithmetic"]["dataset versions"] == 2
+    report = Path(summary["report"]).read_text(encoding="utf-8")
+    assert report.count("<svg") >= 2  # loss curves and held-out metrics
+    assert "v1" in report
+    assert (directory / ".flywheel" / "flywheel.db").is_file()  # the embedded default
+    assert (directory / ".flywheel" / "mlflow.db").is_file()
