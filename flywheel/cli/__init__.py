@@ -66,7 +66,6 @@ def _add_plugins() -> None:
             app.command(plugin.name)(command)
 
 
-
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; errors become `error: ...` on one line and a non-zero exit code."""
     _add_plugins()
