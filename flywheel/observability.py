@@ -47,6 +47,21 @@ def configure_logging(*, json_lines: bool, level: str = "INFO") -> None:
     root.setLevel(level.upper())
 
 
+def json_log_config(level: str = "INFO") -> dict[str, Any]:
+    """`logging.config.dictConfig` for JSON lines: what `flywheel serve --json` hands uvicorn,
+    which applies it in every server process (its access log included)."""
+    handler = {"class": "logging.StreamHandler", "formatter": "json", "stream": "ext://sys.stderr"}
+    quiet = {"handlers": ["default"], "level": level, "propagate": False}
+    return {
+        "version": 1,
+        "disable_existing_loggers": False,
+        "formatters": {"json": {"()": f"{__name__}.JsonFormatter"}},
+        "handlers": {"default": handler},
+        "loggers": {"uvicorn": quiet, "uvicorn.error": quiet, "uvicorn.access": quiet},
+        "root": {"handlers": ["default"], "level": level},
+    }
+
+
 class CycleMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()

@@ -9,6 +9,7 @@ from flywheel import migrate
 from flywheel.cli.common import JsonOption, emit, settings
 from flywheel.db import make_engine
 from flywheel.errors import InvalidState
+from flywheel.observability import json_log_config
 
 db = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 
@@ -71,8 +72,17 @@ def serve(
     url = f"http://{host}:{port}"
     data = {"url": url, "workers": workers, "revision": revision}
     emit(data, as_json=as_json, text=f"serving {url} with {workers} worker(s); Ctrl-C stops")
+    from uvicorn.config import LOGGING_CONFIG
+
     # By import string: flywheel never imports api; uvicorn loads it in each worker.
-    uvicorn.run("api.app:create_app", factory=True, host=host, port=port, workers=workers)
+    uvicorn.run(
+        "api.app:create_app",
+        factory=True,
+        host=host,
+        port=port,
+        workers=workers,
+        log_config=json_log_config() if as_json else LOGGING_CONFIG,  # JSON lines with --json
+    )
 
 
 def _upgrade(url: str, revision: str = "head") -> str | None:
