@@ -6,6 +6,7 @@ cycle per domain."""
 from __future__ import annotations
 
 import json
+import os
 import threading
 import time
 from datetime import timedelta
@@ -210,3 +211,45 @@ def test_cancelling_a_running_cycle_stops_its_training(
     with sessions() as session:
         training = session.scalars(select(TrainingRun).where(TrainingRun.method == "sft")).one()
     assert training.status == "cancelled"  # SIGTERMed: checkpointed and stopped
+
+
+def test_a_later_method_adapts_the_earlier_stage_merged_into_the_base(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    plain_base: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sessions = on_test_database
+    build_version(sessions, acme)
+    configure(sessions, plain_base)
+    with unit_of_work(sessions) as session:
+        config = dict(session.scalars(select(Domain)).one().config)
+        config["cycle"] = config["cycle"] | {
+            "methods": ["sft", "dpo"],
+            "overrides": {"sft": QUICK, "dpo": QUICK},
+        }
+        session.execute(update(Domain).values(config=config))
+
+    code, out, err = run_cli(capsys, "cycle", "--domain", "billing", "--json")
+
+    assert code == 0, err
+    steps = json.loads(out)["steps"]
+    assert list(steps) == ["compile", "build", "train_sft", "train_dpo", "evaluate", "promote"]
+    sft, dpo = steps["train_sft"]["result"], steps["train_dpo"]["result"]
+    assert sft["base"] == str(plain_base.resolve())
+    merged = Path(sft["run_dir"]) / "merged"
+    assert dpo["base"] == str(merged)
+    assert (merged / "config.json").is_file()
+    assert (merged / "model.safetensors").is_file()
+    with sessions() as session:
+        versions = {v.version: v for v in session.scalars(select(ModelVersion))}
+    assert versions[dpo["model_version"]].base_model == str(merged)
+    # the candidate is the last stage; with no champion it is measured against the domain's
+    # own base, not against the merged SFT model it adapts
+    assert steps["evaluate"]["result"]["version"] == dpo["model_version"]
+    assert steps["evaluate"]["result"]["against"] == "base"
+    scored = Path(os.environ["FLYWHEEL_HOME"]) / "evals" / f"acme.billing-v{dpo['model_version']}"
+    ours = json.loads((scored / "ours.json").read_text(encoding="utf-8"))
+    rival = json.loads((scored / "base.json").read_text(encoding="utf-8"))
+    assert ours["model"]["base"] == str(merged)
+    assert rival["model"] == {"base": str(plain_base.resolve()), "adapter": None}
