@@ -30,7 +30,6 @@ from flywheel.cli.common import (
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput
 from flywheel.signals import verification
-from flywheel.signals.dedup import link_near_duplicates
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import Ingestor
 from ingest.runner import RunResult, run_ingest
@@ -143,6 +142,7 @@ def compile_feedback(
 ) -> None:
     """Compile feedback events into preference pairs, SFT examples and labels."""
     from ingest.compile import compile_feedback as compile_events
+    from ingest.compile.cycle_step import link_domain
 
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
@@ -154,9 +154,7 @@ def compile_feedback(
             )
         data = report.as_json()
         for compiled in data["domains"]:
-            with unit_of_work(sessions) as session:
-                links = link_near_duplicates(session, domain_id=uuid.UUID(compiled["domain_id"]))
-            compiled["near_duplicate"] = sum(links.values())
+            compiled["near_duplicate"] = link_domain(sessions, uuid.UUID(compiled["domain_id"]))
     emit(data, as_json=as_json, text=_compile_lines(data))
 
 

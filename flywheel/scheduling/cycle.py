@@ -34,6 +34,7 @@ from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.service import build_for
@@ -97,8 +98,7 @@ def run_cycle(
         configured = domain.config.get("base_model") if isinstance(domain.config, dict) else None
         run = claim_run(
             session,
-            tenant_id=request.tenant_id,
-            domain=request.domain,
+            domain=domain,
             trigger=request.trigger,
             run_id=request.run_id,
             stale_after_s=settings.cycle_stale_after_s,
@@ -282,16 +282,14 @@ class _Cycle:
             result = {"dataset_version_id": str(version.id), "dataset_version": version.version,
                       "is_new": built.is_new, "train": version.stats.get("train", {}),
                       "eval": version.stats.get("eval", {})}  # fmt: skip
-            before = (
-                session.query(TrainingRun)
-                .filter(
+            before = session.scalars(
+                select(TrainingRun).where(
                     TrainingRun.method == "cycle",
                     TrainingRun.status == "succeeded",
                     TrainingRun.dataset_version_id == version.id,
                     TrainingRun.id != self.run_id,
                 )
-                .first()
-            )
+            ).first()
         if before is not None:
             raise _Skip(f"v{version.version} was already cycled (run {before.id})")
         if not result["train"]:

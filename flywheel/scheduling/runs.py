@@ -45,8 +45,7 @@ def queue_cycle(
 def claim_run(
     session: Session,
     *,
-    tenant_id: uuid.UUID,
-    domain: str,
+    domain: Domain,
     trigger: str,
     run_id: uuid.UUID | None,
     stale_after_s: float,
@@ -54,18 +53,17 @@ def claim_run(
     """The run to carry out now, marked running: the given one (a worker's job, perhaps
     retried after its worker died), else the domain's interrupted cycle (resumed at its failed
     step), else a new one. Conflict while another live cycle of the domain runs."""
-    found = find_domain(session, tenant_id, domain)
-    running = session.scalars(_cycles(found.id).where(TrainingRun.status == "running")).first()
+    running = session.scalars(_cycles(domain.id).where(TrainingRun.status == "running")).first()
     if run_id is not None:
-        run = _own_run(session, tenant_id, run_id)
+        run = _own_run(session, domain.tenant_id, run_id)
         if run.status == "running" and not _is_stale(run, stale_after_s):
             raise Conflict(f"run {run_id} is running elsewhere (its heartbeat is fresh)")
     else:
-        run = _interrupted(session, found.id, stale_after_s) or _new_run(found, trigger)
+        run = _interrupted(session, domain.id, stale_after_s) or _new_run(domain, trigger)
     if running is not None and running.id != run.id:
         if not _is_stale(running, stale_after_s):
             raise Conflict(
-                f"a cycle of {domain} is running (run {running.id}, alive at "
+                f"a cycle of {domain.name} is running (run {running.id}, alive at "
                 f"{running.heartbeat_at:%Y-%m-%d %H:%M:%S} UTC)"
             )
         running.status = "failed"
@@ -79,7 +77,7 @@ def claim_run(
     try:
         session.flush()
     except IntegrityError as error:  # another process claimed the domain a moment earlier
-        raise Conflict(f"a cycle of {domain} has just started elsewhere") from error
+        raise Conflict(f"a cycle of {domain.name} has just started elsewhere") from error
     return run
 
 

@@ -18,7 +18,11 @@ def compile_domain(
 ) -> dict[str, Any]:
     report = compile_feedback(sessions, tenant_id=tenant_id, domain_id=domain_id)
     compiled: dict[str, Any] = report.as_json()["domains"][0]
-    with unit_of_work(sessions) as session:
-        links = link_near_duplicates(session, domain_id=domain_id)
-    compiled["near_duplicate"] = sum(links.values())
+    compiled["near_duplicate"] = link_domain(sessions, domain_id)
     return compiled
+
+
+def link_domain(sessions: sessionmaker[Session], domain_id: uuid.UUID) -> int:
+    """Link the domain's new signal to its near-duplicates; how many were linked."""
+    with unit_of_work(sessions) as session:
+        return sum(link_near_duplicates(session, domain_id=domain_id).values())
