@@ -31,13 +31,21 @@ pytestmark = pytest.mark.filterwarnings(
 STEPS = ["compile", "build", "train_sft", "evaluate", "promote"]
 
 
-def configure(sessions: sessionmaker[Session], base: Path, **extra: Any) -> None:
-    cycle = {
+def configure(
+    sessions: sessionmaker[Session], base: Path, cycle: dict[str, Any] | None = None, **extra: Any
+) -> None:
+    """A quick cycle on the tiny base; `cycle` replaces keys of its cycle section, `extra`
+    top-level keys."""
+    quick = {
         "overrides": {"sft": QUICK},
         "recipe": {"eval_fraction": 0.2},
         "eval": {"max_new_tokens": 4, "k": 2},
     }
-    config = {"base_model": str(base), "cycle": cycle, "gate": {"min_items": 2}} | extra
+    config = {
+        "base_model": str(base),
+        "cycle": quick | (cycle or {}),
+        "gate": {"min_items": 2},
+    } | extra
     with unit_of_work(sessions) as session:
         session.execute(update(Domain).values(config=config))
 
@@ -176,11 +184,7 @@ def test_cancelling_a_running_cycle_stops_its_training(
 ) -> None:
     sessions = on_test_database
     build_version(sessions, acme)
-    configure(sessions, plain_base)
-    with unit_of_work(sessions) as session:
-        config = dict(session.scalars(select(Domain)).one().config)
-        config["cycle"] = config["cycle"] | {"overrides": {"sft": ["max_steps=100000"]}}
-        session.execute(update(Domain).values(config=config))
+    configure(sessions, plain_base, cycle={"overrides": {"sft": ["max_steps=100000"]}})
     settings = Settings(home=tmp_path / "home", cycle_heartbeat_s=0.2)
     outcome: list[Any] = []
     worker = threading.Thread(
@@ -221,14 +225,11 @@ def test_a_later_method_adapts_the_earlier_stage_merged_into_the_base(
 ) -> None:
     sessions = on_test_database
     build_version(sessions, acme)
-    configure(sessions, plain_base)
-    with unit_of_work(sessions) as session:
-        config = dict(session.scalars(select(Domain)).one().config)
-        config["cycle"] = config["cycle"] | {
-            "methods": ["sft", "dpo"],
-            "overrides": {"sft": QUICK, "dpo": QUICK},
-        }
-        session.execute(update(Domain).values(config=config))
+    configure(
+        sessions,
+        plain_base,
+        cycle={"methods": ["sft", "dpo"], "overrides": {"sft": QUICK, "dpo": QUICK}},
+    )
 
     code, out, err = run_cli(capsys, "cycle", "--domain", "billing", "--json")
 

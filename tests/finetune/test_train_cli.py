@@ -27,30 +27,34 @@ pytestmark = pytest.mark.filterwarnings(
 QUICK = ["max_steps=2", "per_device_train_batch_size=4", "logging_steps=1", "save_steps=1"]
 
 
-def build_version(sessions: sessionmaker[Session], caller: Caller) -> DatasetVersion:
+def synthetic_candidates() -> list[SftCandidate | PairCandidate]:
+    """An SFT example and a preference pair for each of 24 synthetic training problems."""
     problems = synthetic.split_problems().train[:24]
+    return [
+        SftCandidate(Provenance("task_file", p.prompt, p.prompt), synthetic.user(p), p.answer)
+        for p in problems
+    ] + [
+        PairCandidate(
+            Provenance("task_file", f"pair {p.prompt}", p.prompt),
+            synthetic.user(p),
+            p.answer,
+            p.wrong_answer,
+            "synthetic",
+        )
+        for p in problems
+    ]
+
+
+def build_version(sessions: sessionmaker[Session], caller: Caller) -> DatasetVersion:
     with unit_of_work(sessions) as session:
         domain_id = session.scalars(
             select(Domain.id).where(Domain.tenant_id == caller.tenant_id)
         ).one()
-        candidates = [
-            SftCandidate(Provenance("task_file", p.prompt, p.prompt), synthetic.user(p), p.answer)
-            for p in problems
-        ] + [
-            PairCandidate(
-                Provenance("task_file", f"pair {p.prompt}", p.prompt),
-                synthetic.user(p),
-                p.answer,
-                p.wrong_answer,
-                "synthetic",
-            )
-            for p in problems
-        ]
         store_candidates(
             session=session,
             tenant_id=caller.tenant_id,
             domain_id=domain_id,
-            candidates=candidates,
+            candidates=synthetic_candidates(),
             ingestor_version="test",
         )
         built = build_dataset_version(

@@ -42,7 +42,7 @@ from flywheel.models import (
 from flywheel.scheduling import jobs, schedule
 from flywheel.scheduling.runs import queue_cycle
 from flywheel.settings import Settings
-from flywheel.signals.candidates import PairCandidate, Provenance, SftCandidate
+from flywheel.signals.candidates import Provenance, SftCandidate
 from flywheel.signals.store import store_candidates
 from flywheel.tenancy import service as tenancy
 from tests.conftest import (
@@ -587,23 +587,9 @@ def tiny_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture
 def quick_domain(sessions: sessionmaker[Session], acme: Caller, tiny_base: Path) -> Caller:
     """acme/billing with synthetic training signal and a cycle that trains in seconds."""
-    from finetune import synthetic
+    from tests.finetune.test_train_cli import synthetic_candidates  # imports torch: here
 
-    problems = synthetic.split_problems().train[:24]
-    candidates = [
-        SftCandidate(Provenance("task_file", p.prompt, p.prompt), synthetic.user(p), p.answer)
-        for p in problems
-    ] + [
-        PairCandidate(
-            Provenance("task_file", f"pair {p.prompt}", p.prompt),
-            synthetic.user(p),
-            p.answer,
-            p.wrong_answer,
-            "synthetic",
-        )
-        for p in problems
-    ]
-    _store(sessions, acme, candidates)
+    _store(sessions, acme, synthetic_candidates())
     configure(
         sessions,
         acme,
