@@ -40,8 +40,8 @@ from sqlalchemy import create_engine, make_url
 
 from flywheel import migrate
 from flywheel.db import make_session_factory, unit_of_work
+from flywheel.signals.compile import compile_feedback, compiler, items, writer
 from flywheel.tenancy import service as tenancy
-from ingest.compile import compile_feedback, compiler, items, writer
 from tests.conftest import create_postgres_database, drop_postgres_database
 
 SYSTEM = "You are the billing assistant of Acme. Answer briefly and politely."

@@ -1,4 +1,4 @@
-"""`flywheel ingest ...` and `flywheel compile`, plugged into the flywheel CLI by entry point.
+"""`flywheel ingest ...`, plugged into the flywheel CLI by entry point.
 
 Every ingest runs through `ingest.runner` (batches, counts, resume) and prints the run's
 counts; tasks then go through verifier QA unless `--no-verify`.
@@ -6,7 +6,6 @@ counts; tasks then go through verifier QA unless `--no-verify`.
 
 from __future__ import annotations
 
-import getpass
 import os
 import sys
 import uuid
@@ -16,14 +15,13 @@ from pathlib import Path
 from typing import Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.cli.common import (
     JsonOption,
     database_sessions,
     emit,
+    progress_bar,
     resolve_domain_id,
     resolve_tenant_id,
 )
@@ -135,79 +133,11 @@ def ingest_export_tasks(
     sys.stderr.write(f"{written} tasks written\n")
 
 
-def compile_feedback(
-    domain: str | None = typer.Option(None, "--domain", help="Only this domain."),
-    tenant: str | None = TenantOption,
-    as_json: bool = JsonOption,
-) -> None:
-    """Compile feedback events into preference pairs, SFT examples and labels."""
-    from ingest.compile import compile_feedback as compile_events
-    from ingest.compile.cycle_step import link_domain
-
-    with database_sessions() as sessions:
-        with unit_of_work(sessions) as session:
-            tenant_id = resolve_tenant_id(session, tenant)
-            domain_id = None if domain is None else resolve_domain_id(session, tenant_id, domain)
-        with _progress("compiling prompts", as_json) as advance:
-            report = compile_events(
-                sessions, tenant_id=tenant_id, domain_id=domain_id, progress=advance
-            )
-        data = report.as_json()
-        for compiled in data["domains"]:
-            compiled["near_duplicate"] = link_domain(sessions, uuid.UUID(compiled["domain_id"]))
-    emit(data, as_json=as_json, text=_compile_lines(data))
-
-
-def forget_subject(
-    rater: str | None = typer.Option(None, "--rater", help="A rater id: their feedback events."),
-    source_record: str | None = typer.Option(
-        None,
-        "--source-record",
-        help="A source record id as ingested (a ticket like zendesk:4711, a task id).",
-    ),
-    tenant: str | None = TenantOption,
-    actor: str = typer.Option(
-        None, "--actor", help="Who asks, for the audit (default: the OS user)."
-    ),
-    as_json: bool = JsonOption,
-) -> None:
-    """Delete a rater's or a source record's data and what was derived from it; taint the
-    dataset and model versions that used it. Audited."""
-    from ingest.forget import forget
-
-    with database_sessions() as sessions:
-        with unit_of_work(sessions) as session:
-            tenant_id = resolve_tenant_id(session, tenant)
-        report = forget(
-            sessions,
-            tenant_id=tenant_id,
-            rater=rater,
-            source_record=source_record,
-            actor=actor or f"cli:{getpass.getuser()}",
-        )
-    data = report.as_json()
-    deleted = ", ".join(f"{k} {v}" for k, v in data["deleted"].items()) or "nothing"
-    text = (
-        f"forgot ({data['request_id']}): deleted {deleted}; tainted "
-        f"{len(data['tainted_dataset_versions'])} dataset version(s), "
-        f"{len(data['tainted_model_versions'])} model version(s)"
-    )
-    emit(data, as_json=as_json, text=text)
-
-
-def _compile_lines(data: dict[str, Any]) -> str:
-    lines = []
-    for compiled in data["domains"]:
-        counts = {key: value for key, value in compiled.items() if isinstance(value, int)}
-        lines.append(f"{compiled['domain']}: " + ", ".join(f"{k} {v}" for k, v in counts.items()))
-    return "\n".join(lines) or "no domains to compile"
-
-
 def _run(
     ingestor: Ingestor, tenant: str | None, domain: str, as_json: bool, *, verify: bool = False
 ) -> None:
     with _domain(tenant, domain) as (sessions, tenant_id, domain_id):
-        with _progress(f"{ingestor.source_format}: {ingestor.source_ref}", as_json) as advance:
+        with progress_bar(f"{ingestor.source_format}: {ingestor.source_ref}", as_json) as advance:
             result = run_ingest(
                 sessions, ingestor, tenant_id=tenant_id, domain_id=domain_id, progress=advance
             )
@@ -232,7 +162,7 @@ def _verify_pending(
             verification.task_spec(task)
             for task in verification.pending_tasks(session=session, domain_id=domain_id)
         ]
-    with _progress("verifying tasks", quiet, total=len(specs)) as advance:
+    with progress_bar("verifying tasks", quiet, total=len(specs)) as advance:
         results = verification.check_all(
             specs, workers=os.cpu_count() or 1, on_done=lambda _: advance(1)
         )
@@ -251,15 +181,6 @@ def _domain(
             tenant_id = resolve_tenant_id(session, tenant)
             domain_id = resolve_domain_id(session, tenant_id, domain)
         yield sessions, tenant_id, domain_id
-
-
-@contextmanager
-def _progress(label: str, quiet: bool, total: int | None = None) -> Iterator[Any]:
-    """A progress bar on stderr (records handled so far); silent with --json."""
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-    with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda count: bar.advance(task, count)
 
 
 def _lines(data: dict[str, Any], indent: str = "") -> str:

@@ -21,6 +21,7 @@ from flywheel.cli import (
     runs,
     sandbox,
     server,
+    signals,
     train,
     verify,
     worker,
@@ -37,6 +38,8 @@ app.command("init")(server.init)
 app.command("serve")(server.serve)
 app.command("verify")(verify.verify)
 app.command("redact")(redact.redact)
+app.command("compile")(signals.compile_feedback)
+app.command("forget")(signals.forget_subject)
 app.command("train")(train.train)
 app.command("eval")(evaluate.evaluate)
 app.command("cycle")(cycle.cycle)
@@ -55,7 +58,7 @@ app.add_typer(runs.runs, name="runs")
 @functools.cache  # once per process
 def _add_plugins() -> None:
     """Commands other packages register under the `flywheel.cli` entry-point group
-    (`flywheel ingest`, `flywheel compile`, `flywheel demo` from `ingest/`): a Typer app
+    (`flywheel ingest` from `ingest/`, `flywheel demo`): a Typer app
     becomes a command group, a function a command. Loaded on the first `main()`, not at
     import, so a plugin may import `flywheel.cli` modules itself."""
     for plugin in entry_points(group="flywheel.cli"):

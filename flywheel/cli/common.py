@@ -10,6 +10,8 @@ from contextlib import contextmanager
 from typing import Any
 
 import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel import migrate
@@ -56,6 +58,15 @@ def emit(data: Any, *, as_json: bool, text: str) -> None:
         sys.stdout.write(json.dumps(data, default=str, indent=2) + "\n")
     else:
         sys.stdout.write(text + "\n")
+
+
+@contextmanager
+def progress_bar(label: str, quiet: bool, total: int | None = None) -> Iterator[Any]:
+    """A progress bar on stderr (records handled so far); silent with --json."""
+    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
+    with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True) as bar:
+        task = bar.add_task(label, total=total)
+        yield lambda count: bar.advance(task, count)
 
 
 def resolve_tenant_id(session: Session, tenant: str | None) -> uuid.UUID:

@@ -2,9 +2,8 @@
 
     compile -> build -> train_<method>... -> evaluate -> promote
 
-- compile: new feedback into training signal, through every compiler installed under the
-  `flywheel.compilers` entry-point group (`ingest` registers the feedback compiler; `flywheel`
-  may not import it).
+- compile: the domain's new feedback compiled into training signal, its near-duplicates
+  linked (`flywheel.signals.compile.compile_and_link`, as `flywheel compile` does).
 - build: the next dataset version. If a cycle already finished on that version, there is
   nothing to do: the run ends `skipped`.
 - train_<method>: each method of the domain's `cycle.methods` in a subprocess
@@ -30,7 +29,6 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from importlib.metadata import entry_points
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +46,7 @@ from flywheel.registry.service import find_domain, promote
 from flywheel.scheduling.config import CycleSettings, Method, cycle_settings
 from flywheel.scheduling.runs import claim_run
 from flywheel.settings import Settings
+from flywheel.signals.compile import compile_and_link
 from flywheel.training.launcher import TrainRequest, train
 
 log = logging.getLogger(__name__)
@@ -104,7 +103,7 @@ def run_cycle(
             stale_after_s=settings.cycle_stale_after_s,
         )
     cycle_metrics().cycles.labels(event="started").inc()
-    cycle = _Cycle(sessions, settings, request, run.id, config, configured, progress)
+    cycle = _Cycle(sessions, settings, request, domain.id, run.id, config, configured, progress)
     with cycle.heartbeat():
         status, error = cycle.run()
     with unit_of_work(sessions) as session:
@@ -147,12 +146,14 @@ class _Cycle:
         sessions: sessionmaker[Session],
         settings: Settings,
         request: CycleRequest,
+        domain_id: uuid.UUID,
         run_id: uuid.UUID,
         config: CycleSettings,
         configured_base: object,
         progress: Progress | None,
     ) -> None:
         self.sessions, self.settings, self.request = sessions, settings, request
+        self.domain_id = domain_id
         self.run_id, self.config, self.progress = run_id, config, progress
         self.configured_base = Path(str(configured_base)) if configured_base else None
         self.stop = threading.Event()
@@ -261,14 +262,10 @@ class _Cycle:
     # -- the steps -----------------------------------------------------------------------
 
     def compile(self) -> dict[str, Any]:
-        with self.sessions() as session:
-            domain_id = find_domain(session, self.request.tenant_id, self.request.domain).id
-        results: dict[str, Any] = {}
-        for compiler in entry_points(group="flywheel.compilers"):
-            results[compiler.name] = compiler.load()(
-                self.sessions, tenant_id=self.request.tenant_id, domain_id=domain_id
-            )
-        return results
+        report = compile_and_link(
+            self.sessions, tenant_id=self.request.tenant_id, domain_id=self.domain_id
+        )
+        return report.domains[0].as_json()
 
     def build(self) -> dict[str, Any]:
         with unit_of_work(self.sessions) as session:

@@ -23,11 +23,11 @@ from flywheel.models import (
     PreferencePair,
     SftExample,
 )
+from flywheel.signals.compile import COMPILER_VERSION, CompileReport, compile_feedback
+from flywheel.signals.compile.evidence import SCORE
+from flywheel.signals.compile.items import Texts, digest, item_digest, normalise, prompts
+from flywheel.signals.compile.rules import decay, edit_precision
 from flywheel.signals.store import content_sha256, normalise_text
-from ingest.compile import COMPILER_VERSION, CompileReport, compile_feedback
-from ingest.compile.evidence import SCORE
-from ingest.compile.items import Texts, digest, item_digest, normalise, prompts
-from ingest.compile.rules import decay, edit_precision
 from tests.conftest import Caller, count_rows, make_caller
 
 NOW = utcnow()
@@ -658,7 +658,7 @@ def test_a_failed_compile_writes_nothing_and_is_recorded(
     def broken(*args: object) -> None:
         raise RuntimeError("judge broke")
 
-    monkeypatch.setattr("ingest.compile.compiler.judge", broken)
+    monkeypatch.setattr("flywheel.signals.compile.compiler.judge", broken)
     with pytest.raises(RuntimeError, match="judge broke"):
         feedback.compile()
 

@@ -1,6 +1,7 @@
 """The feedback compiler: raw feedback events in, weighted training signal out.
 
     compile_feedback(sessions, tenant_id=..., domain_id=None, progress=None) -> CompileReport
+    compile_and_link(...)  # the same, then the near-duplicate pass (`flywheel compile`, cycles)
 
 Groups. All feedback about one prompt (the conversation before the response) is judged
 together, and every item it yields carries `group_key` = content hash of the normalised
@@ -70,17 +71,18 @@ and scans the events that carry their own (there is no stored prompt key to inde
 
 from __future__ import annotations
 
-from ingest.compile.compiler import (
+from flywheel.signals.compile.compiler import (
     CompileCounts,
     CompileReport,
     DomainCompile,
     Progress,
+    compile_and_link,
     compile_feedback,
     recompile_prompts,
 )
-from ingest.compile.evidence import event_prompts
-from ingest.compile.items import group_key_of
-from ingest.compile.writer import COMPILER_VERSION
+from flywheel.signals.compile.evidence import event_prompts
+from flywheel.signals.compile.items import group_key_of
+from flywheel.signals.compile.writer import COMPILER_VERSION
 
 __all__ = [
     "COMPILER_VERSION",
@@ -88,6 +90,7 @@ __all__ = [
     "CompileReport",
     "DomainCompile",
     "Progress",
+    "compile_and_link",
     "compile_feedback",
     "event_prompts",
     "group_key_of",

@@ -23,10 +23,10 @@ from typing import Any
 import orjson
 
 from flywheel.redaction import redact
+from flywheel.signals.compile.evidence import COMPARISON, CORRECTION, SCORE, TIES, Row
+from flywheel.signals.compile.rules import PromptEvidence, Scores, Verdicts, Votes
+from flywheel.signals.compile.writer import Writer
 from flywheel.signals.store import normalise_text
-from ingest.compile.evidence import COMPARISON, CORRECTION, SCORE, TIES, Row
-from ingest.compile.rules import PromptEvidence, Scores, Verdicts, Votes
-from ingest.compile.writer import Writer
 
 MAX_SOURCE_REF = 1024
 TEXT_CACHE_SIZE = 200_000

@@ -37,6 +37,7 @@ from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.registry.models import ModelVersion, TrainingRun
+from flywheel.signals.compile import event_prompts, group_key_of, recompile_prompts
 from flywheel.signals.dedup import link_near_duplicates
 from flywheel.signals.models import (
     ForgetRequest,
@@ -45,7 +46,6 @@ from flywheel.signals.models import (
     SftExample,
     VerifiableTask,
 )
-from ingest.compile import event_prompts, group_key_of, recompile_prompts
 
 SignalModel = (
     type[SftExample] | type[PreferencePair] | type[LabeledCompletion] | type[VerifiableTask]

@@ -6,7 +6,7 @@ import hashlib
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -16,12 +16,13 @@ from sqlalchemy.orm import Session, sessionmaker
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import NotFound
 from flywheel.feedback.models import FeedbackEvent
+from flywheel.signals.compile.evidence import Scope, count_events, evidence_rows, prepare
+from flywheel.signals.compile.items import Prompt, Texts, prompts, stage
+from flywheel.signals.compile.rules import Verdicts, judge
+from flywheel.signals.compile.writer import COMPILER_VERSION, Writer
+from flywheel.signals.dedup import link_near_duplicates
 from flywheel.signals.models import IngestRun
 from flywheel.tenancy.models import Domain
-from ingest.compile.evidence import Scope, count_events, evidence_rows, prepare
-from ingest.compile.items import Prompt, Texts, prompts, stage
-from ingest.compile.rules import Verdicts, judge
-from ingest.compile.writer import COMPILER_VERSION, Writer
 
 # Events whose transaction commits after a compile read past them would be missed by a plain
 # watermark; a compile therefore also revisits the prompts of events stamped this long before
@@ -55,13 +56,26 @@ class CompileCounts:
 
 @dataclass(frozen=True)
 class DomainCompile:
-    """One domain's compile: its ingest run, the watermark it reached, its counts."""
+    """One domain's compile: its ingest run, the watermark it reached, its counts, and how
+    many of its new items the near-duplicate pass after it linked (None: no pass ran)."""
 
     domain_id: uuid.UUID
     domain: str
     run_id: uuid.UUID
     watermark: datetime | None
     counts: CompileCounts
+    near_duplicates: int | None = None
+
+    def as_json(self) -> dict[str, Any]:
+        linked = {} if self.near_duplicates is None else {"near_duplicate": self.near_duplicates}
+        return {
+            "domain": self.domain,
+            "domain_id": str(self.domain_id),
+            "run_id": str(self.run_id),
+            "watermark": self.watermark.isoformat() if self.watermark else None,
+            **asdict(self.counts),
+            **linked,
+        }
 
 
 @dataclass
@@ -80,16 +94,7 @@ class CompileReport:
         return {
             "tenant_id": str(self.tenant_id),
             "totals": asdict(self.totals),
-            "domains": [
-                {
-                    "domain": item.domain,
-                    "domain_id": str(item.domain_id),
-                    "run_id": str(item.run_id),
-                    "watermark": item.watermark.isoformat() if item.watermark else None,
-                    **asdict(item.counts),
-                }
-                for item in self.domains
-            ],
+            "domains": [item.as_json() for item in self.domains],
         }
 
 
@@ -112,6 +117,23 @@ def compile_feedback(
     report = CompileReport(tenant_id)
     for each_id, name in domains:
         report.domains.append(_compile_domain(sessions, tenant_id, each_id, name, progress))
+    return report
+
+
+def compile_and_link(
+    sessions: sessionmaker[Session],
+    *,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID | None = None,
+    progress: Progress | None = None,
+) -> CompileReport:
+    """`compile_feedback`, then each domain's new signal linked to its near-duplicates (in a
+    transaction of its own): what `flywheel compile` and a cycle's compile step do."""
+    report = compile_feedback(sessions, tenant_id=tenant_id, domain_id=domain_id, progress=progress)
+    for index, compiled in enumerate(report.domains):
+        with unit_of_work(sessions) as session:
+            linked = sum(link_near_duplicates(session, domain_id=compiled.domain_id).values())
+        report.domains[index] = replace(compiled, near_duplicates=linked)
     return report
 
 

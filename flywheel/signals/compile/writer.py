@@ -33,7 +33,7 @@ from sqlalchemy import ARRAY, Text, Uuid, bindparam, text
 from sqlalchemy.orm import Session
 
 from flywheel.db import UtcDateTime
-from ingest.compile.evidence import psycopg_connection
+from flywheel.signals.compile.evidence import psycopg_connection
 
 COMPILER_VERSION = "feedback-compiler/1"
 OWN_ROWS = "t.source_kind = 'feedback' AND t.ingestor_version LIKE 'feedback-compiler/%'"
