@@ -6,13 +6,14 @@ dependency commits; services only `flush()`.
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any
 
-from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, Uuid, create_engine, event
+from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, Uuid, create_engine, event, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Dialect, Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
@@ -101,3 +102,13 @@ def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
         except BaseException:
             session.rollback()
             raise
+
+
+def domain_lock(session: Session, domain_id: uuid.UUID, purpose: str) -> None:
+    """Serialise one kind of work on one domain until the transaction ends: a PostgreSQL
+    advisory lock keyed by (purpose, domain), so that different purposes never block each
+    other. SQLite serialises writers itself."""
+    if session.get_bind().dialect.name == "postgresql":
+        digest = hashlib.sha256(f"{purpose}:{domain_id}".encode()).digest()
+        key = int.from_bytes(digest[:8], "big", signed=True)
+        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})

@@ -29,7 +29,7 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
 import orjson
-from sqlalchemy import Table, Text, and_, null, or_, select, text
+from sqlalchemy import Table, Text, and_, null, or_, select
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
@@ -37,7 +37,7 @@ from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.datasets.split import Split, assign_groups
-from flywheel.db import utcnow
+from flywheel.db import domain_lock, utcnow
 from flywheel.errors import InvalidInput
 from flywheel.signals.models import (
     SOURCE_KINDS,
@@ -133,7 +133,7 @@ def build_dataset_version(
 ) -> Built:
     """Build the domain's next version (or find that nothing changed)."""
     recipe.check()
-    _lock_domain(session, domain_id)
+    domain_lock(session, domain_id, "dataset-build")
     parent = latest_version(session=session, domain_id=domain_id)
     history = _History.load(session, domain_id)
     eligible = list(_eligible_items(session, domain_id))
@@ -200,13 +200,6 @@ def latest_version(*, session: Session, domain_id: uuid.UUID) -> DatasetVersion 
         .order_by(DatasetVersion.version.desc())
         .limit(1)
     ).first()
-
-
-def _lock_domain(session: Session, domain_id: uuid.UUID) -> None:
-    """Builds of a domain take turns (version numbers and group assignments)."""
-    if session.get_bind().dialect.name == "postgresql":
-        key = int.from_bytes(hashlib.sha256(f"dataset:{domain_id}".encode()).digest()[:8], "big")
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key - 2**63})
 
 
 @dataclass

@@ -33,7 +33,7 @@ import numpy.typing as npt
 from sqlalchemy import Table, bindparam, null, select, text, update
 from sqlalchemy.orm import Session
 
-from flywheel.db import Base
+from flywheel.db import Base, domain_lock
 from flywheel.errors import InvalidInput, InvalidState
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
@@ -373,17 +373,8 @@ def link_near_duplicates(
     """
     if not 0 < threshold <= 1:
         raise InvalidInput(f"the near-duplicate threshold is in (0, 1], not {threshold}")
-    _lock_domain(session, domain_id)
+    domain_lock(session, domain_id, "near-duplicates")
     return {spec.name: _link_table(session, spec, domain_id, threshold) for spec in _SIGNAL_TABLES}
-
-
-def _lock_domain(session: Session, domain_id: uuid.UUID) -> None:
-    """One pass per domain at a time (two would sign the same rows and could link them
-    differently): a transaction-scoped advisory lock on PostgreSQL. SQLite writers are
-    serialised by the database itself."""
-    if session.get_bind().dialect.name == "postgresql":
-        key = int.from_bytes(domain_id.bytes[:8], "big", signed=True)
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 # A signed row: (created_at, id, duplicate_of_id, minhash, partition, is_new).

@@ -2,17 +2,14 @@
 
 from __future__ import annotations
 
-import hashlib
-import unicodedata
 import uuid
 from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
-import orjson
-from sqlalchemy import Table, func, literal, select, update
+from sqlalchemy import ColumnElement, CursorResult, Table, func, literal, select, update
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import insert_ignoring_conflicts
@@ -32,35 +29,11 @@ from flywheel.signals.candidates import (
     SftCandidate,
     TaskCandidate,
 )
+from flywheel.signals.content import content_sha256
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
 INTERACTIONS: Table = Interaction.__table__  # type: ignore[assignment]
 FEEDBACK_EVENTS: Table = FeedbackEvent.__table__  # type: ignore[assignment]
-
-
-def normalise_text(text: str) -> str:
-    """What two texts must share to count as the same content: NFKC, trimmed lines, no
-    trailing blank lines, \\n line ends. Case and inner spacing stay (code depends on them)."""
-    text = unicodedata.normalize("NFKC", text).replace("\r\n", "\n").replace("\r", "\n")
-    return "\n".join(line.rstrip() for line in text.strip().split("\n"))
-
-
-def content_sha256(kind: str, *parts: object) -> str:
-    """The content hash unique per domain: `kind` and every part, strings normalised."""
-    normalised = [
-        normalise_text(part) if isinstance(part, str) else _normalise_json(part) for part in parts
-    ]
-    return hashlib.sha256(orjson.dumps([kind, *normalised])).hexdigest()
-
-
-def _normalise_json(value: object) -> object:
-    if isinstance(value, str):
-        return normalise_text(value)
-    if isinstance(value, list | tuple):
-        return [_normalise_json(item) for item in value]
-    if isinstance(value, dict):
-        return {key: _normalise_json(item) for key, item in sorted(value.items())}
-    return value
 
 
 @dataclass
@@ -122,6 +95,16 @@ def store_candidates(
 RETRACTED = "retracted: "
 
 
+def retract(session: Session, table: Table, *where: ColumnElement[bool]) -> int:
+    """Retract the table's live rows that match `where`: weight 0 and `why` prefixed
+    "retracted: ". Never deleted, because dataset versions may hold them. How many."""
+    values: dict[str, Any] = {"weight": 0.0}
+    if "why" in table.c:
+        values["why"] = func.substr(literal(RETRACTED) + table.c.why, 1, 255)
+    result = session.execute(update(table).where(table.c.weight > 0, *where).values(values))
+    return int(cast(CursorResult[Any], result).rowcount)
+
+
 def _replace_groups(
     session: Session,
     domain_id: uuid.UUID,
@@ -140,14 +123,7 @@ def _replace_groups(
             & table.c.group_key.in_(groups)
             & table.c.source_kind.in_(kinds)
         )
-        retract: dict[str, Any] = {"weight": 0.0}
-        if "why" in table.c:
-            retract["why"] = func.substr(literal(RETRACTED) + table.c.why, 1, 255)
-        session.execute(
-            update(table)
-            .where(scope, table.c.weight > 0, table.c.content_sha256.not_in(kept))
-            .values(retract)
-        )
+        retract(session, table, scope, table.c.content_sha256.not_in(kept))
         _restore(session, table, scope, rows.get(name, []))
 
 
@@ -159,13 +135,11 @@ def _restore(session: Session, table: Table, scope: Any, rows: list[dict[str, An
             scope, table.c.weight == 0, table.c.content_sha256.in_(list(by_hash))
         )
     ).all()
-    for content_sha256 in retracted:
-        values: dict[str, Any] = {"weight": by_hash[content_sha256]["weight"]}
+    for sha256 in retracted:
+        values: dict[str, Any] = {"weight": by_hash[sha256]["weight"]}
         if "why" in table.c:
-            values["why"] = by_hash[content_sha256]["why"]
-        session.execute(
-            update(table).where(scope, table.c.content_sha256 == content_sha256).values(values)
-        )
+            values["why"] = by_hash[sha256]["why"]
+        session.execute(update(table).where(scope, table.c.content_sha256 == sha256).values(values))
 
 
 def _store_events(

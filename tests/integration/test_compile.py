@@ -23,11 +23,12 @@ from flywheel.models import (
     PreferencePair,
     SftExample,
 )
+from flywheel.signals import content
 from flywheel.signals.compile import COMPILER_VERSION, CompileReport, compile_feedback
 from flywheel.signals.compile.evidence import SCORE
-from flywheel.signals.compile.items import Texts, digest, item_digest, normalise, prompts
+from flywheel.signals.compile.items import Texts, prompts
 from flywheel.signals.compile.rules import decay, edit_precision
-from flywheel.signals.store import content_sha256, normalise_text
+from flywheel.signals.content import content_sha256, digest, messages_digest, normalise_text
 from tests.conftest import Caller, count_rows, make_caller
 
 NOW = utcnow()
@@ -692,7 +693,7 @@ def test_hashes_from_normalised_parts_are_the_content_hashes() -> None:
     assert digest("label", prompt.normal_messages, texts(fullwidth).normal, True) == (
         content_sha256("label", messages, fullwidth, True)
     )
-    assert item_digest("label", prompt.normal_json, texts(fullwidth).normal, True) == (
+    assert messages_digest("label", prompt.normal_json, texts(fullwidth).normal, True) == (
         content_sha256("label", messages, fullwidth, True)
     )
 
@@ -701,5 +702,5 @@ def test_hashes_from_normalised_parts_are_the_content_hashes() -> None:
     "raw",
     [" plain ascii \t", "two\nlines ", "crlf\r\n", "\x1f unit separator\x1c", "caf\u00e9 ", ""],
 )
-def test_the_normalising_shortcut_equals_normalise_text(raw: str) -> None:
-    assert normalise(raw) == normalise_text(raw)
+def test_the_normalising_shortcut_equals_the_full_normalisation(raw: str) -> None:
+    assert normalise_text(raw) == content._normalise_fully(raw)

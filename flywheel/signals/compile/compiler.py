@@ -10,10 +10,10 @@ from dataclasses import asdict, dataclass, field, fields, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.db import unit_of_work, utcnow
+from flywheel.db import domain_lock, unit_of_work, utcnow
 from flywheel.errors import NotFound
 from flywheel.feedback.models import FeedbackEvent
 from flywheel.signals.compile.evidence import Scope, count_events, evidence_rows, prepare
@@ -161,7 +161,7 @@ def _compile(
     name: str,
     progress: Progress | None,
 ) -> DomainCompile:
-    _lock_domain(session, domain_id)
+    domain_lock(session, domain_id, "compile")
     previous = _previous_watermark(session, domain_id)
     newest = _newest_event(session, tenant_id, domain_id)
     scope = Scope(tenant_id, domain_id, since=None if previous is None else previous - REVISIT)
@@ -186,7 +186,7 @@ def recompile_prompts(
     now, inside the caller's transaction, retracting what the evidence no longer supports.
     The compile watermark is left alone (no run is recorded): `flywheel forget` uses it
     after deleting events."""
-    _lock_domain(session, domain_id)
+    domain_lock(session, domain_id, "compile")
     scope = Scope(tenant_id, domain_id, since=None, prompts=tuple(sorted(prompts)))
     return _compile_scope(session, scope, retract=True, progress=None)
 
@@ -231,13 +231,6 @@ def _count(counts: CompileCounts, prompt: Prompt, verdicts: Verdicts, staged: Co
     counts.ties_dropped += prompt.evidence.ties
     counts.conflicts += verdicts.conflicts
     counts.conflicts_dropped += verdicts.conflicts_dropped
-
-
-def _lock_domain(session: Session, domain_id: uuid.UUID) -> None:
-    """Compiles of one domain take turns (SQLite has a single writer anyway)."""
-    if session.get_bind().dialect.name == "postgresql":
-        key = int.from_bytes(domain_id.bytes[:8], "big", signed=True)
-        session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})
 
 
 def _previous_watermark(session: Session, domain_id: uuid.UUID) -> datetime | None:

@@ -5,14 +5,13 @@ so one prompt's rows are contiguous; within a key, rows are split by the convers
 and merged by `group_key`, the content hash of the normalised conversation.
 
 Each distinct text is redacted and normalised once per run (`Texts`), and content hashes are
-computed from those normalised forms: `digest(kind, *normalised)` equals
-`flywheel.signals.store.content_sha256(kind, *raw)` because normalising is idempotent (a test
-holds the two equal), and it spares normalising a prompt's conversation once per item.
+computed from those normalised forms: `flywheel.signals.content.messages_digest` of them
+equals `content_sha256(kind, *raw)` because normalising is idempotent (a test holds the two
+equal), and it spares normalising a prompt's conversation once per item.
 """
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 from collections import Counter
 from collections.abc import Iterable, Iterator
@@ -26,7 +25,7 @@ from flywheel.redaction import redact
 from flywheel.signals.compile.evidence import COMPARISON, CORRECTION, SCORE, TIES, Row
 from flywheel.signals.compile.rules import PromptEvidence, Scores, Verdicts, Votes
 from flywheel.signals.compile.writer import Writer
-from flywheel.signals.store import normalise_text
+from flywheel.signals.content import messages_digest, normalise_text
 
 MAX_SOURCE_REF = 1024
 TEXT_CACHE_SIZE = 200_000
@@ -56,7 +55,7 @@ class Texts:
             if len(self.clean) >= TEXT_CACHE_SIZE:
                 self.clean.clear()
             redaction = redact(raw)
-            normal = normalise(redaction.text) if redaction.counts else self.normal(raw)
+            normal = normalise_text(redaction.text) if redaction.counts else self.normal(raw)
             found = Clean(redaction.text, redaction.counts, normal)
             self.clean[raw] = found
         return found
@@ -67,29 +66,8 @@ class Texts:
         if found is None:
             if len(self.normals) >= TEXT_CACHE_SIZE:
                 self.normals.clear()
-            found = self.normals[raw] = normalise(raw)
+            found = self.normals[raw] = normalise_text(raw)
         return found
-
-
-def normalise(raw: str) -> str:
-    """`normalise_text`, with a shortcut for the common single-line ASCII text: NFKC leaves
-    ASCII as it is, and with no line breaks to split at only the outer strip remains."""
-    if raw.isascii() and "\n" not in raw and "\r" not in raw:
-        return raw.strip()
-    return normalise_text(raw)
-
-
-def digest(kind: str, *normalised: object) -> str:
-    """`content_sha256` of parts that are already normalised."""
-    return hashlib.sha256(orjson.dumps([kind, *normalised])).hexdigest()
-
-
-def item_digest(kind: str, messages_json: bytes, *normalised: object) -> str:
-    """`digest(kind, messages, *normalised)`, the messages given as their JSON (serialised
-    once per prompt rather than once per item): orjson writes a list as its items' JSON
-    between brackets, joined by commas."""
-    parts = b",".join([orjson.dumps(kind), messages_json, *map(orjson.dumps, normalised)])
-    return hashlib.sha256(b"[" + parts + b"]").hexdigest()
 
 
 @dataclass
@@ -143,7 +121,7 @@ def _prompt(messages_json: str, texts: Texts) -> Prompt:
             ]
         )
     return Prompt(
-        group_key=item_digest("prompt", raw_normal_json),
+        group_key=messages_digest("prompt", raw_normal_json),
         messages_json=messages_json,
         normal_messages=normal,
         normal_json=normal_json,
@@ -199,7 +177,7 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
         chosen, rejected = texts(pair.chosen), texts(pair.rejected)
         if chosen.normal == rejected.normal:
             continue  # the two differed only in what redaction removed
-        content_sha256 = item_digest("pair", messages, chosen.normal, rejected.normal)
+        content_sha256 = messages_digest("pair", messages, chosen.normal, rejected.normal)
         row: tuple[Any, ...] = (
             *_provenance(prompt, pair.refs, (chosen, rejected), pair.weight, content_sha256),
             prompt.messages_json,
@@ -210,7 +188,7 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
         staged["pairs"] += writer.add("preference_pairs", row)
     for example in verdicts.sft:
         completion = texts(example.completion)
-        content_sha256 = item_digest("sft", messages, completion.normal)
+        content_sha256 = messages_digest("sft", messages, completion.normal)
         row = (
             *_provenance(prompt, example.refs, (completion,), example.weight, content_sha256),
             prompt.messages_json,
@@ -219,7 +197,7 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
         staged["sft"] += writer.add("sft_examples", row)
     for label in verdicts.labels:
         completion = texts(label.completion)
-        content_sha256 = item_digest("label", messages, completion.normal, label.is_desirable)
+        content_sha256 = messages_digest("label", messages, completion.normal, label.is_desirable)
         row = (
             *_provenance(prompt, label.refs, (completion,), label.weight, content_sha256),
             prompt.messages_json,

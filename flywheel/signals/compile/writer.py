@@ -29,11 +29,13 @@ from datetime import datetime
 from types import TracebackType
 from typing import Any
 
-from sqlalchemy import ARRAY, Text, Uuid, bindparam, text
+from sqlalchemy import ARRAY, Text, Uuid, any_, bindparam, column, select, text
+from sqlalchemy import table as sql_table
 from sqlalchemy.orm import Session
 
 from flywheel.db import UtcDateTime
 from flywheel.signals.compile.evidence import psycopg_connection
+from flywheel.signals.store import SIGNAL_TABLES, retract
 
 COMPILER_VERSION = "feedback-compiler/1"
 OWN_ROWS = "t.source_kind = 'feedback' AND t.ingestor_version LIKE 'feedback-compiler/%'"
@@ -237,22 +239,27 @@ class Writer:
         statement = text(sql).bindparams(*(bindparam(name, type_=types[name]) for name in used))
         return self.session.execute(statement, {name: params[name] for name in used})
 
-    def _retract(self, table: str) -> int:
-        """Weight 0 and "retracted: " for the compiler's items of the recompiled groups that
-        were not staged this time. On PostgreSQL the group keys are an array, so that the
-        lookup is an index condition rather than a join planned on statistics."""
-        why = ", why = substr('retracted: ' || t.why, 1, 255)" if "why" in STAGED[table] else ""
-        groups = (
-            "t.group_key = ANY(:groups)"
-            if self.is_postgres
-            else f"t.group_key IN (SELECT group_key FROM {_staging('groups')})"
+    def _retract(self, name: str) -> int:
+        """Retract the compiler's items of the recompiled groups that were not staged this
+        time. On PostgreSQL the group keys are an array, so that the lookup is an index
+        condition rather than a join planned on statistics."""
+        table = SIGNAL_TABLES[name]
+        if self.is_postgres:
+            groups = bindparam("groups", self.group_keys, type_=ARRAY(Text()))
+            in_groups = table.c.group_key == any_(groups)
+        else:
+            staged_groups = sql_table(_staging("groups"), column("group_key"))
+            in_groups = table.c.group_key.in_(select(staged_groups.c.group_key))
+        staged = sql_table(_staging(name), column("content_sha256"))
+        return retract(
+            self.session,
+            table,
+            table.c.domain_id == self.params["domain"],
+            table.c.source_kind == "feedback",
+            table.c.ingestor_version.like("feedback-compiler/%"),
+            in_groups,
+            table.c.content_sha256.not_in(select(staged.c.content_sha256)),
         )
-        result = self._execute(
-            f"UPDATE {table} AS t SET weight = 0{why} "
-            f"WHERE t.domain_id = :domain AND {OWN_ROWS} AND t.weight > 0 AND {groups} "
-            f"AND t.content_sha256 NOT IN (SELECT content_sha256 FROM {_staging(table)})"
-        )
-        return int(result.rowcount)
 
 
 def _insert_sql(table: str, source: str, *, new_id: str) -> str:

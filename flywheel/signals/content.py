@@ -1,0 +1,60 @@
+"""What makes two signal items the same content: one normalisation of texts, one hash.
+
+`content_sha256(kind, *parts)` is the per-domain unique key of every signal table: `kind` and
+each part, strings normalised by `normalise_text` (JSON values key-sorted, their strings
+normalised). Writers that already hold normalised parts hash them with `digest` (or
+`messages_digest`, the messages given as their JSON) and get the same key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+
+import orjson
+
+
+def normalise_text(text: str) -> str:
+    """What two texts must share to count as the same content: NFKC, trimmed lines, no
+    trailing blank lines, \\n line ends. Case and inner spacing stay (code depends on them).
+
+    A single-line ASCII text takes a shortcut (NFKC leaves ASCII as it is, and with no line
+    breaks only the outer strip remains): most texts are such, and compiles normalise millions.
+    """
+    if text.isascii() and "\n" not in text and "\r" not in text:
+        return text.strip()
+    return _normalise_fully(text)
+
+
+def _normalise_fully(text: str) -> str:
+    text = unicodedata.normalize("NFKC", text).replace("\r\n", "\n").replace("\r", "\n")
+    return "\n".join(line.rstrip() for line in text.strip().split("\n"))
+
+
+def normalise_json(value: object) -> object:
+    """A JSON value as content hashes see it: dict keys sorted, every string normalised."""
+    if isinstance(value, str):
+        return normalise_text(value)
+    if isinstance(value, list | tuple):
+        return [normalise_json(item) for item in value]
+    if isinstance(value, dict):
+        return {key: normalise_json(item) for key, item in sorted(value.items())}
+    return value
+
+
+def content_sha256(kind: str, *parts: object) -> str:
+    """The content hash unique per domain: `kind` and every part, normalised."""
+    return digest(kind, *(normalise_json(part) for part in parts))
+
+
+def digest(kind: str, *normalised: object) -> str:
+    """`content_sha256` of parts that are already normalised."""
+    return hashlib.sha256(orjson.dumps([kind, *normalised])).hexdigest()
+
+
+def messages_digest(kind: str, messages_json: bytes, *normalised: object) -> str:
+    """`digest(kind, messages, *normalised)`, the normalised messages given as their JSON
+    (serialised once per prompt rather than once per item): orjson writes a list as its
+    items' JSON between brackets, joined by commas."""
+    parts = b",".join([orjson.dumps(kind), messages_json, *map(orjson.dumps, normalised)])
+    return hashlib.sha256(b"[" + parts + b"]").hexdigest()
