@@ -24,7 +24,7 @@ from flywheel.feedback.values import Name
 from flywheel.registry import service
 from flywheel.registry.mlflow_registry import MlflowRegistry, Registry
 from flywheel.registry.models import ModelVersion, PromotionEvent
-from flywheel.tenancy.service import Principal, Scope
+from flywheel.tenancy.service import Principal, Scope, get_domain
 
 router = APIRouter(prefix="/v1")
 
@@ -107,7 +107,7 @@ def _read_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> Doma
 
 def _read_champion(*, session: Session, tenant_id: uuid.UUID, domain: str) -> ChampionRead:
     """Only the champion: what serving stacks poll, so not the whole version list."""
-    found = service.find_domain(session, tenant_id, domain)
+    found = get_domain(session, tenant_id, domain)
     champion = service.current_champion(session, found.id)
     if champion is None:
         raise NotFound(f"{domain} has no champion yet")

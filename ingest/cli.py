@@ -22,12 +22,12 @@ from flywheel.cli.common import (
     database_sessions,
     emit,
     progress_bar,
-    resolve_domain_id,
     resolve_tenant_id,
 )
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput
 from flywheel.signals import verification
+from flywheel.tenancy.service import get_domain
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import Ingestor
 from ingest.runner import RunResult, run_ingest
@@ -179,7 +179,7 @@ def _domain(
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             tenant_id = resolve_tenant_id(session, tenant)
-            domain_id = resolve_domain_id(session, tenant_id, domain)
+            domain_id = get_domain(session, tenant_id, domain).id
         yield sessions, tenant_id, domain_id
 
 

@@ -11,9 +11,9 @@ import yaml
 
 from flywheel.cli.common import JsonOption, database_session, emit
 from flywheel.errors import InvalidInput
-from flywheel.registry.service import find_domain
 from flywheel.scheduling.config import cycle_settings
 from flywheel.tenancy import service
+from flywheel.tenancy.service import get_domain
 
 tenants = typer.Typer(help="Create and list tenants.", no_args_is_help=True)
 keys = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
@@ -155,7 +155,7 @@ def configure_domain(
         raise InvalidInput(f"{config_file} must hold a mapping, not {type(config).__name__}")
     with database_session() as session:
         owner = service.get_tenant(session=session, name=tenant)
-        domain = find_domain(session, owner.id, name)
+        domain = get_domain(session, owner.id, name)
         domain.config = config
         cycle_settings(domain)  # a bad cycle section fails here, before anything is stored
         data = {"name": domain.name, "config": config}

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel import migrate
 from flywheel.db import make_engine, make_session_factory, unit_of_work
-from flywheel.errors import InvalidInput, InvalidState, NotFound
+from flywheel.errors import InvalidInput, InvalidState
 from flywheel.settings import Settings
 from flywheel.tenancy import service as tenancy
 
@@ -81,13 +81,3 @@ def resolve_tenant_id(session: Session, tenant: str | None) -> uuid.UUID:
             else f"{len(tenants)} tenants exist: say which with --tenant"
         )
     return tenants[0].id
-
-
-def resolve_domain_id(session: Session, tenant_id: uuid.UUID, domain: str) -> uuid.UUID:
-    domain_id = tenancy.find_domain_id(session=session, tenant_id=tenant_id, name=domain)
-    if domain_id is None:
-        raise NotFound(
-            f"domain {domain!r} not found: "
-            f"create it with `flywheel domains create {domain} --tenant ...`"
-        )
-    return domain_id

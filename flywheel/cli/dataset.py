@@ -9,23 +9,22 @@ from pathlib import Path
 from typing import Any, cast
 
 import typer
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from flywheel.cli.common import (
     JsonOption,
     database_session,
     emit,
-    resolve_domain_id,
     resolve_tenant_id,
 )
 from flywheel.datasets import service
-from flywheel.datasets.export import export_version
 from flywheel.datasets.export_formats import Format
 from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.reader import version_lineage, version_manifest, version_streams
+from flywheel.datasets.reader import export_dataset_version, version_lineage, version_manifest
+from flywheel.datasets.service import get_version
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.tenancy.models import Domain
+from flywheel.tenancy.service import get_domain
 
 dataset = typer.Typer(help="Build, list and export dataset versions.", no_args_is_help=True)
 
@@ -63,7 +62,7 @@ def build(
     )
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
-        domain_id = resolve_domain_id(session, tenant_id, domain)
+        domain_id = get_domain(session, tenant_id, domain).id
         built = service.build_dataset_version(
             session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
         )
@@ -93,7 +92,6 @@ def list_command(
     """The domain's versions, newest first."""
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
-        resolve_domain_id(session, tenant_id, domain)  # its own error, naming the fix
         versions = service.list_versions(session=session, tenant_id=tenant_id, domain=domain)
         data = [_version_json(version, domain) for version in versions]
     lines = [
@@ -125,16 +123,8 @@ def export(
     with database_session() as session:
         found = _find_version(session, version, domain, tenant)
         domain_name = session.get_one(Domain, found.domain_id).name
-        if found.tainted_at is not None:
-            raise InvalidInput(
-                f"v{found.version} of {domain_name} is tainted: data it used was forgotten "
-                f"at {found.tainted_at.isoformat()}; build a new version and export that"
-            )
-        summary = export_version(
-            out,
-            cast(Format, export_format),
-            version_streams(session, found),
-            version_manifest(found, domain_name),
+        summary = export_dataset_version(
+            session, found, domain_name, out, cast(Format, export_format)
         )
     files = {str(item.path): item.rows for item in summary.files}
     data = {
@@ -183,12 +173,8 @@ def _find_version(
     else:
         if not version.isdigit():
             raise InvalidInput(f"with --domain, VERSION is a number, not {version!r}")
-        domain_id = resolve_domain_id(session, resolve_tenant_id(session, tenant), domain)
-        found = session.scalars(
-            select(DatasetVersion).where(
-                DatasetVersion.domain_id == domain_id, DatasetVersion.version == int(version)
-            )
-        ).first()
+        owner = get_domain(session, resolve_tenant_id(session, tenant), domain)
+        return get_version(session, owner, int(version))
     if found is None:
         raise NotFound(f"dataset version {version} not found")
     return found

@@ -8,6 +8,7 @@ import typer
 from flywheel.cli.common import JsonOption, database_sessions, emit, resolve_tenant_id, settings
 from flywheel.db import unit_of_work
 from flywheel.evaluation.service import EvalRequest, evaluate_version
+from flywheel.tenancy.service import get_domain
 
 
 def evaluate(
@@ -23,8 +24,8 @@ def evaluate(
     """Evaluate and gate; `flywheel models promote` then accepts a version that passed."""
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
-            tenant_id = resolve_tenant_id(session, tenant)
-        request = EvalRequest(tenant_id, domain, model_version, k, max_new_tokens)
+            found = get_domain(session, resolve_tenant_id(session, tenant), domain)
+        request = EvalRequest(found, model_version, k, max_new_tokens)
         outcome = evaluate_version(sessions, request, settings())
     data = outcome.as_json()
     verdict = "passes the gate" if outcome.decision.is_promoted else "does not pass the gate"

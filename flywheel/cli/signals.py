@@ -12,12 +12,12 @@ from flywheel.cli.common import (
     database_sessions,
     emit,
     progress_bar,
-    resolve_domain_id,
     resolve_tenant_id,
 )
 from flywheel.db import unit_of_work
 from flywheel.feedback.forget import ForgetReport, forget
 from flywheel.signals.compile import CompileReport, compile_and_link
+from flywheel.tenancy.service import get_domain
 
 TenantOption = typer.Option(
     None, "--tenant", help="The domain's tenant (may be left out when there is only one)."
@@ -33,7 +33,7 @@ def compile_feedback(
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             tenant_id = resolve_tenant_id(session, tenant)
-            domain_id = None if domain is None else resolve_domain_id(session, tenant_id, domain)
+            domain_id = None if domain is None else get_domain(session, tenant_id, domain).id
         with progress_bar("compiling prompts", as_json) as advance:
             report = compile_and_link(
                 sessions, tenant_id=tenant_id, domain_id=domain_id, progress=advance

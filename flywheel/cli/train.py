@@ -13,8 +13,10 @@ from flywheel.cli.common import (
     resolve_tenant_id,
     settings,
 )
+from flywheel.datasets.service import get_version
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidState
+from flywheel.tenancy.service import get_domain
 from flywheel.training.launcher import TrainRequest
 from flywheel.training.launcher import train as launch
 
@@ -38,12 +40,13 @@ def train(
     (and its MLflow run, which holds the adapter)."""
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
-            tenant_id = resolve_tenant_id(session, tenant)
+            found = get_domain(session, resolve_tenant_id(session, tenant), domain)
+            number = dataset_version
+            version_id = None if number is None else get_version(session, found, number).id
         request = TrainRequest(
-            tenant_id=tenant_id,
-            domain=domain,
+            domain=found,
             method=method,
-            dataset_version=dataset_version,
+            dataset_version_id=version_id,
             base=base,
             config=config,
             overrides=tuple(overrides or ()),

@@ -45,9 +45,7 @@ def _verify_domain(
         raise InvalidInput("--domain needs --tenant")
     with database_session() as session:
         owner = tenancy.get_tenant(session=session, name=tenant)
-        domain_id = tenancy.find_domain_id(session=session, tenant_id=owner.id, name=domain)
-        if domain_id is None:
-            raise InvalidInput(f"domain {domain!r} not found for tenant {tenant!r}")
+        domain_id = tenancy.get_domain(session, owner.id, domain).id
         tasks = verification.pending_tasks(
             session=session, domain_id=domain_id, include_checked=recheck
         )

@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 from sqlalchemy import Select, select
 from sqlalchemy.orm import Session
 
+from flywheel.datasets.export import ExportSummary, export_version
+from flywheel.datasets.export_formats import Format
 from flywheel.datasets.export_records import (
     ItemStreams,
     LabelRecord,
@@ -22,10 +25,38 @@ from flywheel.datasets.export_records import (
 )
 from flywheel.datasets.models import DatasetMember, DatasetVersion
 from flywheel.datasets.service import KINDS
+from flywheel.errors import InvalidState
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
 SPLITS = ("train", "eval")
 CHUNK_ROWS = 1_000
+
+
+def export_dataset_version(
+    session: Session,
+    version: DatasetVersion,
+    domain: str,
+    out_dir: Path,
+    fmt: Format,
+    *,
+    splits: tuple[str, ...] = SPLITS,
+) -> ExportSummary:
+    """Write the version's splits as `fmt` files with its manifest: what training, evaluation
+    and `flywheel dataset export` each write. A tainted version (data it used was forgotten)
+    is refused."""
+    refuse_tainted(version, domain)
+    streams = version_streams(session, version)
+    chosen = {split: streams[split] for split in splits}
+    return export_version(out_dir, fmt, chosen, version_manifest(version, domain))
+
+
+def refuse_tainted(version: DatasetVersion, domain: str) -> None:
+    """InvalidState for a version that data it used was forgotten from."""
+    if version.tainted_at is not None:
+        raise InvalidState(
+            f"v{version.version} of {domain} is tainted: data it used was forgotten at "
+            f"{version.tainted_at.isoformat()}; build a new version and use that"
+        )
 
 
 def version_streams(session: Session, version: DatasetVersion) -> dict[str, ItemStreams]:

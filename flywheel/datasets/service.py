@@ -38,7 +38,7 @@ from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import domain_lock, utcnow
-from flywheel.errors import InvalidInput
+from flywheel.errors import InvalidInput, NotFound
 from flywheel.signals.models import (
     SOURCE_KINDS,
     LabeledCompletion,
@@ -46,8 +46,8 @@ from flywheel.signals.models import (
     SftExample,
     VerifiableTask,
 )
-from flywheel.signals.service import domain_id_of
 from flywheel.tenancy.models import Domain
+from flywheel.tenancy.service import get_domain
 
 MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
 
@@ -175,7 +175,7 @@ def build_dataset_version(
 
 def build_for(*, session: Session, tenant_id: uuid.UUID, domain: str, recipe: Recipe) -> Built:
     """`build_dataset_version` for a domain named by its tenant (NotFound otherwise)."""
-    domain_id = domain_id_of(session=session, tenant_id=tenant_id, domain=domain)
+    domain_id = get_domain(session, tenant_id, domain).id
     return build_dataset_version(
         session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
     )
@@ -183,7 +183,7 @@ def build_for(*, session: Session, tenant_id: uuid.UUID, domain: str, recipe: Re
 
 def list_versions(*, session: Session, tenant_id: uuid.UUID, domain: str) -> list[DatasetVersion]:
     """The domain's versions, newest first."""
-    domain_id = domain_id_of(session=session, tenant_id=tenant_id, domain=domain)
+    domain_id = get_domain(session, tenant_id, domain).id
     return list(
         session.scalars(
             select(DatasetVersion)
@@ -191,6 +191,21 @@ def list_versions(*, session: Session, tenant_id: uuid.UUID, domain: str) -> lis
             .order_by(DatasetVersion.version.desc())
         )
     )
+
+
+def get_version(session: Session, domain: Domain, number: int) -> DatasetVersion:
+    """The domain's version `number`; NotFound (naming the fix) otherwise."""
+    found = session.scalar(
+        select(DatasetVersion).where(
+            DatasetVersion.domain_id == domain.id, DatasetVersion.version == number
+        )
+    )
+    if found is None:
+        raise NotFound(
+            f"dataset version {number} not found: domain {domain.name!r} has no dataset "
+            f"v{number} (flywheel dataset build --domain {domain.name})"
+        )
+    return found
 
 
 def latest_version(*, session: Session, domain_id: uuid.UUID) -> DatasetVersion | None:

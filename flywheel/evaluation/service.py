@@ -1,6 +1,6 @@
 """`flywheel eval`: score a model version and its rival on the domain's frozen eval set, gate.
 
-    evaluate_version(sessions, EvalRequest(tenant_id=..., domain="billing"), settings)
+    evaluate_version(sessions, EvalRequest(domain=get_domain(...)), settings)
 
 The rival is the current champion, or the base model when the domain has none yet (a first
 adapter must beat the base the same way). Both are scored by the same subprocess,
@@ -29,24 +29,23 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.export import export_version
 from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.reader import version_lineage, version_manifest, version_streams
+from flywheel.datasets.reader import export_dataset_version, version_lineage
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput, InvalidState, NotFound, RegistryUnavailable
 from flywheel.evaluation.gate import Evaluation, GateDecision, GatePolicy, decide
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import ModelVersion
-from flywheel.registry.service import current_champion, find_domain
+from flywheel.registry.service import current_champion
 from flywheel.settings import Settings
+from flywheel.tenancy.models import Domain
 
 PRIMARY_ORDER = ("pass@1", "preference_accuracy", "exact_match")
 
 
 @dataclass(frozen=True)
 class EvalRequest:
-    tenant_id: uuid.UUID
-    domain: str
+    domain: Domain  # looked up once by the caller
     version: str | None = None  # None: the newest registered version
     k: int = 4
     max_new_tokens: int = 128
@@ -98,9 +97,8 @@ def evaluate_version(
         run_dir = (settings.home / "evals" / f"{plan.registered_model}-v{plan.version}").resolve()
         data = run_dir / f"dataset-v{plan.dataset.version}"
         if not data.exists():
-            streams = version_streams(session, plan.dataset)
-            manifest = version_manifest(plan.dataset, request.domain)
-            export_version(data, "jsonl", {"eval": streams["eval"]}, manifest)
+            name = request.domain.name
+            export_dataset_version(session, plan.dataset, name, data, "jsonl", splits=("eval",))
         rival_adapter = plan.rival.adapter_uri if plan.rival else None
         rival_name = plan.rival.version if plan.rival else "base"
     tracking_uri = settings.resolved_mlflow_tracking_uri
@@ -139,14 +137,14 @@ def evaluate_version(
 
 
 def _plan(session: Session, request: EvalRequest) -> _Plan:
-    domain = find_domain(session, request.tenant_id, request.domain)
+    domain = request.domain
     query = select(ModelVersion).where(ModelVersion.domain_id == domain.id)
     if request.version is not None:
         query = query.where(ModelVersion.version == request.version)
     target = session.scalars(query.order_by(ModelVersion.created_at.desc()).limit(1)).first()
     if target is None:
         which = f"version {request.version!r}" if request.version else "registered versions"
-        raise NotFound(f"{request.domain} has no {which}: flywheel train ... first")
+        raise NotFound(f"{domain.name} has no {which}: flywheel train ... first")
     dataset = session.scalars(
         select(DatasetVersion)
         .where(DatasetVersion.domain_id == domain.id, DatasetVersion.tainted_at.is_(None))
@@ -154,7 +152,7 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
         .limit(1)
     ).first()
     if dataset is None:
-        raise InvalidState(f"{request.domain} has no untainted dataset version to evaluate on")
+        raise InvalidState(f"{domain.name} has no untainted dataset version to evaluate on")
     champion = current_champion(session, domain.id)
     rival = champion if champion is not None and champion.id != target.id else None
     slices = {

@@ -26,6 +26,7 @@ from flywheel.errors import Conflict, NotFound
 from flywheel.registry.mlflow_registry import Registry
 from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
 from flywheel.tenancy.models import Domain, Tenant
+from flywheel.tenancy.service import get_domain
 
 CHAMPION = "champion"
 CHALLENGER = "challenger"
@@ -83,7 +84,7 @@ class DomainModels:
 
 def list_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> DomainModels:
     """The domain's versions (newest first), its champion and its alias history."""
-    found = find_domain(session, tenant_id, domain)
+    found = get_domain(session, tenant_id, domain)
     versions = session.scalars(
         select(ModelVersion)
         .where(ModelVersion.domain_id == found.id)
@@ -120,20 +121,43 @@ def promote(
     reason: str = "",
     force: bool = False,
 ) -> PromotionEvent:
+    """Make `version` of the tenant's domain (named) the champion: `promote_version`."""
+    found = get_domain(session, tenant_id, domain)
+    return promote_version(
+        session=session,
+        registry=registry,
+        domain=found,
+        version=version,
+        actor=actor,
+        reason=reason,
+        force=force,
+    )
+
+
+def promote_version(
+    *,
+    session: Session,
+    registry: Registry,
+    domain: Domain,
+    version: str,
+    actor: str,
+    reason: str = "",
+    force: bool = False,
+) -> PromotionEvent:
     """Make `version` the champion. It must have passed its gate, unless `force` (audited as
     forced)."""
-    found = find_domain(session, tenant_id, domain)
-    _take_turn(session, found)
-    target = _version(session, found, version)
+    _take_turn(session, domain)
+    target = _version(session, domain, version)
+    name = domain.name
     if target.tainted_at is not None and not force:
-        raise Conflict(f"v{version} of {domain} is tainted (trained on forgotten data)")
+        raise Conflict(f"v{version} of {name} is tainted (trained on forgotten data)")
     if not target.gate_result.get("is_promoted") and not force:
         reasons = "; ".join(target.gate_result.get("reasons", [])) or "it has not been gated"
-        raise Conflict(f"v{version} of {domain} did not pass its gate ({reasons}): use --force")
-    current = current_champion(session, found.id)
+        raise Conflict(f"v{version} of {name} did not pass its gate ({reasons}): use --force")
+    current = current_champion(session, domain.id)
     if current is not None and current.id == target.id:
-        raise Conflict(f"v{version} is already the champion of {domain}")
-    return _move(session, registry, found, current, target, "promote", actor, reason, force)
+        raise Conflict(f"v{version} is already the champion of {name}")
+    return _move(session, registry, domain, current, target, "promote", actor, reason, force)
 
 
 def rollback(
@@ -149,7 +173,7 @@ def rollback(
 ) -> PromotionEvent:
     """Move the champion back to the one it replaced (or to version `to`), at once: nothing is
     retrained, the earlier adapter is still registered."""
-    found = find_domain(session, tenant_id, domain)
+    found = get_domain(session, tenant_id, domain)
     _take_turn(session, found)
     current = current_champion(session, found.id)
     if current is None:
@@ -232,15 +256,6 @@ def latest_champion_event(session: Session, domain_id: uuid.UUID) -> PromotionEv
         .order_by(PromotionEvent.created_at.desc(), PromotionEvent.id.desc())
         .limit(1)
     ).first()
-
-
-def find_domain(session: Session, tenant_id: uuid.UUID, domain: str) -> Domain:
-    found = session.scalars(
-        select(Domain).where(Domain.tenant_id == tenant_id, Domain.name == domain)
-    ).first()
-    if found is None:
-        raise NotFound(f"domain {domain!r} not found")
-    return found
 
 
 def _version(session: Session, domain: Domain, version: str) -> ModelVersion:

@@ -24,10 +24,10 @@ from flywheel.registry.mlflow_registry import Registry
 from flywheel.registry.models import ModelVersion, PromotionEvent
 from flywheel.registry.service import (
     current_champion,
-    find_domain,
     latest_champion_event,
     rollback,
 )
+from flywheel.tenancy.service import get_domain
 
 ALPHA = 0.05
 MIN_RATINGS = 30
@@ -112,7 +112,7 @@ def watch_domain(
 ) -> WatchResult:
     """Compare the champion's live thumbs-up rate with its predecessor's; roll back when the
     domain says so and the drop is significant."""
-    found = find_domain(session, tenant_id, domain)
+    found = get_domain(session, tenant_id, domain)
     champion = current_champion(session, found.id)
     latest = latest_champion_event(session, found.id)
     if champion is None or latest is None or latest.from_model_version_id is None:

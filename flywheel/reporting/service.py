@@ -29,7 +29,6 @@ from flywheel.evaluation.service import PRIMARY_ORDER
 from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
 from flywheel.registry.service import (
     current_champion,
-    find_domain,
     latest_champion_event,
     registered_model_name,
 )
@@ -45,6 +44,7 @@ from flywheel.reporting.records import (
 from flywheel.reporting.render import render_html
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Tenant
+from flywheel.tenancy.service import get_domain
 
 __all__ = ["DomainReport", "gather_report", "render_html", "write_report"]
 
@@ -62,7 +62,7 @@ def gather_report(
 ) -> DomainReport:
     """Everything the report shows, as plain data. NotFound for an unknown domain. `metrics`
     replaces the MLflow reader at `tracking_uri` (a fake, in tests)."""
-    found = find_domain(session, tenant_id, domain)
+    found = get_domain(session, tenant_id, domain)
     datasets = session.scalars(
         select(DatasetVersion)
         .where(DatasetVersion.domain_id == found.id)

@@ -35,18 +35,20 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.service import build_for
+from flywheel.datasets.service import build_dataset_version
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import FlywheelError, InvalidState
 from flywheel.evaluation.service import EvalRequest, evaluate_version
 from flywheel.observability import cycle_metrics
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import TrainingRun
-from flywheel.registry.service import find_domain, promote
+from flywheel.registry.service import promote_version
 from flywheel.scheduling.config import CycleSettings, Method, cycle_settings
 from flywheel.scheduling.runs import claim_run
 from flywheel.settings import Settings
 from flywheel.signals.compile import compile_and_link
+from flywheel.tenancy.models import Domain
+from flywheel.tenancy.service import get_domain
 from flywheel.training.launcher import TrainRequest, train
 
 log = logging.getLogger(__name__)
@@ -92,7 +94,7 @@ def run_cycle(
             finished = _finished(session, request)
             if finished is not None:
                 return finished  # a retried job whose run had already ended
-        domain = find_domain(session, request.tenant_id, request.domain)
+        domain = get_domain(session, request.tenant_id, request.domain)
         config = cycle_settings(domain)  # a bad config fails before the run is claimed
         configured = domain.config.get("base_model") if isinstance(domain.config, dict) else None
         run = claim_run(
@@ -103,7 +105,7 @@ def run_cycle(
             stale_after_s=settings.cycle_stale_after_s,
         )
     cycle_metrics().cycles.labels(event="started").inc()
-    cycle = _Cycle(sessions, settings, request, domain.id, run.id, config, configured, progress)
+    cycle = _Cycle(sessions, settings, request, domain, run.id, config, configured, progress)
     with cycle.heartbeat():
         status, error = cycle.run()
     with unit_of_work(sessions) as session:
@@ -146,14 +148,14 @@ class _Cycle:
         sessions: sessionmaker[Session],
         settings: Settings,
         request: CycleRequest,
-        domain_id: uuid.UUID,
+        domain: Domain,
         run_id: uuid.UUID,
         config: CycleSettings,
         configured_base: object,
         progress: Progress | None,
     ) -> None:
         self.sessions, self.settings, self.request = sessions, settings, request
-        self.domain_id = domain_id
+        self.domain = domain  # looked up once, when the run was claimed
         self.run_id, self.config, self.progress = run_id, config, progress
         self.configured_base = Path(str(configured_base)) if configured_base else None
         self.stop = threading.Event()
@@ -263,16 +265,16 @@ class _Cycle:
 
     def compile(self) -> dict[str, Any]:
         report = compile_and_link(
-            self.sessions, tenant_id=self.request.tenant_id, domain_id=self.domain_id
+            self.sessions, tenant_id=self.domain.tenant_id, domain_id=self.domain.id
         )
         return report.domains[0].as_json()
 
     def build(self) -> dict[str, Any]:
         with unit_of_work(self.sessions) as session:
-            built = build_for(
+            built = build_dataset_version(
                 session=session,
-                tenant_id=self.request.tenant_id,
-                domain=self.request.domain,
+                tenant_id=self.domain.tenant_id,
+                domain_id=self.domain.id,
                 recipe=self.config.dataset_recipe(),
             )
             version = built.version
@@ -305,10 +307,9 @@ class _Cycle:
             outcome = train(
                 self.sessions,
                 TrainRequest(
-                    tenant_id=self.request.tenant_id,
-                    domain=self.request.domain,
+                    domain=self.domain,
                     method=method,
-                    dataset_version=built.get("dataset_version"),
+                    dataset_version_id=uuid.UUID(built["dataset_version_id"]),
                     base=base,
                     config=self.config.configs.get(method),
                     overrides=tuple(self.config.overrides.get(method, ())),
@@ -360,8 +361,7 @@ class _Cycle:
         outcome = evaluate_version(
             self.sessions,
             EvalRequest(
-                tenant_id=self.request.tenant_id,
-                domain=self.request.domain,
+                domain=self.domain,
                 version=self.candidate(),
                 k=self.config.eval.k,
                 max_new_tokens=self.config.eval.max_new_tokens,
@@ -382,11 +382,10 @@ class _Cycle:
         if not self.config.auto_promote:
             return {"promoted": False, "version": version, "reasons": ["auto_promote is off"]}
         with unit_of_work(self.sessions) as session:
-            event = promote(
+            event = promote_version(
                 session=session,
                 registry=MlflowRegistry(self.settings.resolved_mlflow_tracking_uri),
-                tenant_id=self.request.tenant_id,
-                domain=self.request.domain,
+                domain=self.domain,
                 version=version,
                 actor=f"cycle:{self.run_id}",
                 reason=f"gate passed against {_named(gate.get('against'))}",

@@ -21,8 +21,9 @@ from flywheel.datasets.service import KINDS
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, InvalidState, NotFound
 from flywheel.registry.models import TrainingRun
-from flywheel.registry.service import current_champion, find_domain
+from flywheel.registry.service import current_champion
 from flywheel.tenancy.models import Domain
+from flywheel.tenancy.service import get_domain
 
 FINISHED = ("succeeded", "failed", "cancelled", "skipped")
 NO_CONFIG = hashlib.sha256(b"{}").hexdigest()
@@ -32,7 +33,7 @@ def queue_cycle(
     session: Session, *, tenant_id: uuid.UUID, domain: str, trigger: str
 ) -> TrainingRun:
     """A queued cycle run; Conflict when the domain already has one waiting."""
-    found = find_domain(session, tenant_id, domain)
+    found = get_domain(session, tenant_id, domain)
     waiting = session.scalars(_cycles(found.id).where(TrainingRun.status == "queued")).first()
     if waiting is not None:
         raise Conflict(f"a cycle of {domain} is already queued (run {waiting.id})")
@@ -105,7 +106,7 @@ def list_runs(
     """The tenant's runs (cycles and trainings), newest first."""
     query = select(TrainingRun).where(TrainingRun.tenant_id == tenant_id)
     if domain is not None:
-        query = query.where(TrainingRun.domain_id == find_domain(session, tenant_id, domain).id)
+        query = query.where(TrainingRun.domain_id == get_domain(session, tenant_id, domain).id)
     if status is not None:
         query = query.where(TrainingRun.status == status)
     return list(session.scalars(query.order_by(TrainingRun.created_at.desc()).limit(limit)))

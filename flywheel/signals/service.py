@@ -9,11 +9,10 @@ from typing import Generic, TypeVar
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from flywheel.errors import NotFound
 from flywheel.signals.candidates import TaskCandidate
 from flywheel.signals.models import PreferencePair, VerifiableTask
 from flywheel.signals.store import store_one
-from flywheel.tenancy.service import find_domain_id
+from flywheel.tenancy.service import get_domain
 
 API_INGESTOR_VERSION = "api/1"
 
@@ -26,19 +25,11 @@ class Page(Generic[T]):
     next_after: uuid.UUID | None  # pass as `after` for the next page; None: no more
 
 
-def domain_id_of(*, session: Session, tenant_id: uuid.UUID, domain: str) -> uuid.UUID:
-    """The tenant's domain by name; NotFound (never another tenant's) otherwise."""
-    domain_id = find_domain_id(session=session, tenant_id=tenant_id, name=domain)
-    if domain_id is None:
-        raise NotFound(f"domain {domain!r} not found")
-    return domain_id
-
-
 def list_preference_pairs(
     *, session: Session, tenant_id: uuid.UUID, domain: str, after: uuid.UUID | None, limit: int
 ) -> Page[PreferencePair]:
     """A page of the domain's pairs in id order (keyset pagination: stable under inserts)."""
-    domain_id = domain_id_of(session=session, tenant_id=tenant_id, domain=domain)
+    domain_id = get_domain(session, tenant_id, domain).id
     query = select(PreferencePair).where(PreferencePair.domain_id == domain_id)
     if after is not None:
         query = query.where(PreferencePair.id > after)
@@ -55,7 +46,7 @@ def list_tasks(
     after: uuid.UUID | None,
     limit: int,
 ) -> Page[VerifiableTask]:
-    domain_id = domain_id_of(session=session, tenant_id=tenant_id, domain=domain)
+    domain_id = get_domain(session, tenant_id, domain).id
     query = select(VerifiableTask).where(VerifiableTask.domain_id == domain_id)
     if status is not None:
         query = query.where(VerifiableTask.verifier_status == status)
@@ -78,7 +69,7 @@ def add_task(
 
     The same content again finds the stored task: (task, False).
     """
-    domain_id = domain_id_of(session=session, tenant_id=tenant_id, domain=domain)
+    domain_id = get_domain(session, tenant_id, domain).id
     task_id, is_new = store_one(
         session=session,
         tenant_id=tenant_id,

@@ -91,9 +91,13 @@ def list_domains(*, session: Session, tenant: Tenant) -> list[Domain]:
     return list(session.scalars(query))
 
 
-def find_domain_id(*, session: Session, tenant_id: uuid.UUID, name: str) -> uuid.UUID | None:
-    query = select(Domain.id).where(Domain.tenant_id == tenant_id, Domain.name == name)
-    return session.scalar(query)
+def get_domain(session: Session, tenant_id: uuid.UUID, name: str) -> Domain:
+    """The tenant's domain of that name: the one lookup by name, raising the one NotFound
+    (404, or a one-line CLI error) — never another tenant's. Look it up once, pass it down."""
+    found = session.scalar(select(Domain).where(Domain.tenant_id == tenant_id, Domain.name == name))
+    if found is None:
+        raise NotFound(f"domain {name!r} not found")
+    return found
 
 
 def parse_scopes(raw: list[str]) -> tuple[str, ...]:

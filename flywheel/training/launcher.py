@@ -30,14 +30,13 @@ from typing import IO, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.export import export_version
 from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.reader import version_manifest, version_streams
+from flywheel.datasets.reader import export_dataset_version, refuse_tainted
 from flywheel.db import unit_of_work, utcnow
-from flywheel.errors import InvalidInput, InvalidState, NotFound
+from flywheel.errors import InvalidInput, NotFound
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import TrainingRun
-from flywheel.registry.service import find_domain, register_version
+from flywheel.registry.service import register_version
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain
 
@@ -48,10 +47,9 @@ PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 @dataclass(frozen=True)
 class TrainRequest:
-    tenant_id: uuid.UUID
-    domain: str
+    domain: Domain  # looked up once by the caller
     method: str
-    dataset_version: int | None = None  # None: the latest untainted version
+    dataset_version_id: uuid.UUID | None = None  # None: the latest untainted version
     base: Path | None = None  # None: the domain's `base_model`, then FLYWHEEL_BASE_MODEL
     config: Path | None = None
     overrides: tuple[str, ...] = ()
@@ -95,16 +93,12 @@ def train(
     if request.gpus < 1:
         raise InvalidInput(f"--gpus must be at least 1, not {request.gpus}")
     with unit_of_work(sessions) as session:
-        domain, version = _version(session, request)
+        domain = request.domain
+        version = _version(session, request)
         base = _base(request, domain, settings)
         run = _start_run(session, request, version, base)
         run_dir = (settings.home / "runs" / str(run.id)).resolve()
-        export_version(
-            run_dir / "dataset",
-            "trl",
-            version_streams(session, version),
-            version_manifest(version, domain.name),
-        )
+        export_dataset_version(session, version, domain.name, run_dir / "dataset", "trl")
     command = _command(request, run_dir, base)
     code, outcome, error = _run(command, should_stop)
     # stopped by a SIGTERM: checkpointed (75), or before its handler was installed (-15)
@@ -139,26 +133,30 @@ def train(
     )
 
 
-def _version(session: Session, request: TrainRequest) -> tuple[Domain, DatasetVersion]:
-    domain = find_domain(session, request.tenant_id, request.domain)
-    query = select(DatasetVersion).where(DatasetVersion.domain_id == domain.id)
-    if request.dataset_version is not None:
-        query = query.where(DatasetVersion.version == request.dataset_version)
-    else:
-        query = query.where(DatasetVersion.tainted_at.is_(None))
-    version = session.scalars(query.order_by(DatasetVersion.version.desc()).limit(1)).first()
-    if version is None:
-        which = f"v{request.dataset_version}" if request.dataset_version else "an untainted version"
-        raise NotFound(
-            f"domain {request.domain!r} has no dataset {which}: "
-            f"flywheel dataset build --domain {request.domain}"
-        )
-    if version.tainted_at is not None:
-        raise InvalidState(
-            f"v{version.version} of {request.domain} is tainted (data it used was forgotten): "
-            "build a new version and train on that"
-        )
-    return domain, version
+def _version(session: Session, request: TrainRequest) -> DatasetVersion:
+    """The requested version of the domain, or its latest untainted one."""
+    name = request.domain.name
+    if request.dataset_version_id is None:
+        version = session.scalars(
+            select(DatasetVersion)
+            .where(
+                DatasetVersion.domain_id == request.domain.id,
+                DatasetVersion.tainted_at.is_(None),
+            )
+            .order_by(DatasetVersion.version.desc())
+            .limit(1)
+        ).first()
+        if version is None:
+            raise NotFound(
+                f"domain {name!r} has no untainted dataset version: "
+                f"flywheel dataset build --domain {name}"
+            )
+        return version
+    found = session.get(DatasetVersion, request.dataset_version_id)
+    if found is None or found.domain_id != request.domain.id:
+        raise NotFound(f"dataset version {request.dataset_version_id} not found in {name}")
+    refuse_tainted(found, name)
+    return found
 
 
 def _base(request: TrainRequest, domain: Domain, settings: Settings) -> Path:
