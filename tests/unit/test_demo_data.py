@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 
 from finetune.config import load_config
+from flywheel.demo import arithmetic_plan, write_arithmetic, write_repository, write_support
+from flywheel.demo.arithmetic import SIZES
 from flywheel.evaluation.gate import GatePolicy
 from flywheel.scheduling.config import CycleSettings
-from ingest.demo import arithmetic_plan, write_arithmetic, write_repository, write_support
-from ingest.demo.arithmetic import SIZES
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import Ingestor, Rejected
 from ingest.jsonl import read_objects

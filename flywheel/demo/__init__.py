@@ -2,7 +2,7 @@
 the ordinary `flywheel ingest` commands read, and the arithmetic domain's calibrated settings.
 Standard library only."""
 
-from ingest.demo.data import (
+from flywheel.demo.data import (
     ARITHMETIC_DOMAIN,
     CODE_DOMAIN,
     SUPPORT_DOMAIN,

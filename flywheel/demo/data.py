@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ingest.demo import arithmetic, repository, support
+from flywheel.demo import arithmetic, repository, support
 
 ARITHMETIC_DOMAIN = "arithmetic"
 SUPPORT_DOMAIN = "support"
