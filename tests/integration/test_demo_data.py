@@ -20,7 +20,7 @@ from flywheel.demo import (
     write_repository,
     write_support,
 )
-from flywheel.demo.arithmetic import SIZES
+from flywheel.demo.arithmetic_feedback import SIZES
 from flywheel.models import Interaction, PreferencePair, SftExample, VerifiableTask
 from tests.conftest import Caller, run_cli
 

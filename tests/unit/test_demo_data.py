@@ -12,7 +12,7 @@ import pytest
 
 from finetune.config import load_config
 from flywheel.demo import arithmetic_plan, write_arithmetic, write_repository, write_support
-from flywheel.demo.arithmetic import SIZES
+from flywheel.demo.arithmetic_feedback import SIZES
 from flywheel.evaluation.gate import GatePolicy
 from flywheel.scheduling.config import CycleSettings
 from ingest.feedback_file import FeedbackFileIngestor
