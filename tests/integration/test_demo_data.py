@@ -12,7 +12,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.demo import (
+from flywheel.demo.arithmetic_feedback import SIZES
+from flywheel.demo.data import (
     ARITHMETIC_DOMAIN,
     CODE_DOMAIN,
     SUPPORT_DOMAIN,
@@ -20,7 +21,6 @@ from flywheel.demo import (
     write_repository,
     write_support,
 )
-from flywheel.demo.arithmetic_feedback import SIZES
 from flywheel.models import Interaction, PreferencePair, SftExample, VerifiableTask
 from tests.conftest import Caller, run_cli
 
