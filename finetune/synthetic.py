@@ -1,89 +1,32 @@
 """A synthetic verifiable domain: two-digit addition, for learning-signal tests and the demo.
 
-Every problem `a+b=` (10 <= a, b <= 99) has one right answer, so SFT conversations, DPO
-pairs and GRPO answer tasks come out of one list, and "did it learn?" is exact match on
-problems the training never showed. A fixed rule splits the 8,100 problems three ways:
-
-- the *broad* slice, problems whose units digits do not carry (12+34), pretrains the base
-  model (`finetune.tiny`): the stand-in for what a real base model already knows;
-- the problems that carry (17+25) are the new skill: one in five is *held_out* for
-  measuring, and *train* for SFT, DPO and GRPO is everything else (carries and broad).
-
-Split by skill rather than by number range: the base then gets no held-out answer right (it
-has never written a carry), so every held-out pair is one post-training must move. A base
-that half-knows the held-out answers (pretrained on a < 55, say) leaves DPO's implicit reward
-margins mostly noise on the half it already knew (held-out preference accuracy ~0.7 at
-best). And the adapter, not the base, must carry the skill, so switching it off brings exact
-match back to the base's.
+The problems, the carry mistake and the split into *broad* (pretrains the tiny base model),
+*train* and *held_out* are `flywheel.demo.arithmetic`'s, the one definition the demo's
+feedback is written from too: re-exported here (`Problem`, `Split`, `split_problems`, `LOW`,
+`HIGH`, `HELD_OUT_EVERY`). Every problem `a+b=` has one right answer, so SFT conversations,
+DPO pairs and GRPO answer tasks come out of one list, and "did it learn?" is exact match on
+problems the training never showed. This module adds what the trainer needs on top: records
+in the trl export's shapes, the pretraining texts, the reward and the measurements.
 """
 
 from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+# The one definition of the domain (stdlib only); the names stay importable from here.
+from flywheel.demo.arithmetic import HELD_OUT_EVERY as HELD_OUT_EVERY
+from flywheel.demo.arithmetic import HIGH as HIGH
+from flywheel.demo.arithmetic import LOW as LOW
+from flywheel.demo.arithmetic import Problem as Problem
+from flywheel.demo.arithmetic import Split as Split
+from flywheel.demo.arithmetic import split_problems as split_problems
+
 Message = dict[str, str]
-
-LOW, HIGH = 10, 99
-HELD_OUT_EVERY = 5  # one in five problems of the new skill is held out
-
-
-@dataclass(frozen=True)
-class Problem:
-    a: int
-    b: int
-
-    @property
-    def prompt(self) -> str:
-        return f"{self.a}+{self.b}="
-
-    @property
-    def answer(self) -> str:
-        return str(self.a + self.b)
-
-    @property
-    def carries(self) -> bool:
-        return self.a % 10 + self.b % 10 >= 10
-
-    @property
-    def wrong_answer(self) -> str:
-        """The carry mistake: the carry dropped (17+25 -> 32) or, where there is none, one
-        invented (12+34 -> 56). A near miss, so a DPO pair rewards doing the carry right
-        rather than "answers look like numbers"."""
-        return str(self.a + self.b + (-10 if self.carries else 10))
-
-
-@dataclass(frozen=True)
-class Split:
-    broad: list[Problem]
-    train: list[Problem]
-    held_out: list[Problem]
-
-
-def split_problems() -> Split:
-    """All 8,100 problems, split by fixed rules (no randomness, so no seed to thread).
-
-    `train` is every problem not held out, the broad slice included: trained on carries
-    alone, an adapter learns "always carry" and unlearns the broad slice; mixed, it has to
-    learn when.
-    """
-    problems = [Problem(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)]
-    held_out = [p for p in problems if p.carries and _bucket(p) == 0]
-    return Split(
-        broad=[p for p in problems if not p.carries],
-        train=[p for p in problems if not (p.carries and _bucket(p) == 0)],
-        held_out=held_out,
-    )
-
-
-def _bucket(problem: Problem) -> int:
-    """Spreads held-out problems over every tens digit of both operands."""
-    return (problem.a * 31 + problem.b * 17) % HELD_OUT_EVERY
 
 
 # --- records in the trl export's shapes ----------------------------------------------------

@@ -26,6 +26,7 @@ from flywheel.cli import (
     verify,
     worker,
 )
+from flywheel.demo.runner import demo_command
 from flywheel.errors import FlywheelError
 
 app = typer.Typer(
@@ -45,6 +46,7 @@ app.command("eval")(evaluate.evaluate)
 app.command("cycle")(cycle.cycle)
 app.command("report")(report.report)
 app.command("worker")(worker.worker)
+app.command("demo")(demo_command)
 app.add_typer(server.db, name="db")
 app.add_typer(admin.tenants, name="tenants")
 app.add_typer(admin.keys, name="keys")
@@ -58,7 +60,7 @@ app.add_typer(runs.runs, name="runs")
 @functools.cache  # once per process
 def _add_plugins() -> None:
     """Commands other packages register under the `flywheel.cli` entry-point group
-    (`flywheel ingest` from `ingest/`, `flywheel demo`): a Typer app
+    (`flywheel ingest` from `ingest/`): a Typer app
     becomes a command group, a function a command. Loaded on the first `main()`, not at
     import, so a plugin may import `flywheel.cli` modules itself."""
     for plugin in entry_points(group="flywheel.cli"):

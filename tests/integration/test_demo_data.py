@@ -12,8 +12,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.models import Interaction, PreferencePair, SftExample, VerifiableTask
-from ingest.demo import (
+from flywheel.demo.arithmetic_feedback import SIZES
+from flywheel.demo.data import (
     ARITHMETIC_DOMAIN,
     CODE_DOMAIN,
     SUPPORT_DOMAIN,
@@ -21,7 +21,7 @@ from ingest.demo import (
     write_repository,
     write_support,
 )
-from ingest.demo.arithmetic import SIZES
+from flywheel.models import Interaction, PreferencePair, SftExample, VerifiableTask
 from tests.conftest import Caller, run_cli
 
 PERSONAL = (

@@ -3,7 +3,9 @@ that the project's own readers accept (no database: the ingestors' parse and con
 
 from __future__ import annotations
 
+import json
 import subprocess
+import sys
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -11,10 +13,10 @@ from typing import Any
 import pytest
 
 from finetune.config import load_config
+from flywheel.demo.arithmetic_feedback import SIZES
+from flywheel.demo.data import arithmetic_plan, write_arithmetic, write_repository, write_support
 from flywheel.evaluation.gate import GatePolicy
 from flywheel.scheduling.config import CycleSettings
-from ingest.demo import arithmetic_plan, write_arithmetic, write_repository, write_support
-from ingest.demo.arithmetic import SIZES
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import Ingestor, Rejected
 from ingest.jsonl import read_objects
@@ -176,3 +178,23 @@ def test_the_arithmetic_plan_is_a_valid_cycle_gate_and_training_config(quick: bo
     assert cycle.dataset_recipe().eval_fraction == (0.2 if quick else 0.1)
     assert policy.min_items == 30  # the gate's default
     assert plan["pretrain_steps"] > 0
+
+
+def test_the_arithmetic_domain_finetune_shares_loads_only_the_standard_library() -> None:
+    """`finetune.synthetic` imports `flywheel.demo.arithmetic`: that must bring neither the
+    database, the CLI, rich, nor the rest of the demo with it (import-linter sees the imports
+    it names; this sees what really loads, the package's `__init__` included)."""
+    probe = (
+        "import json, sys; before = set(sys.modules); import flywheel.demo.arithmetic; "
+        "print(json.dumps(sorted(set(sys.modules) - before)))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True
+    )
+
+    loaded = json.loads(result.stdout)
+    assert [name for name in loaded if name.split(".")[0] not in sys.stdlib_module_names] == [
+        "flywheel",
+        "flywheel.demo",
+        "flywheel.demo.arithmetic",
+    ]

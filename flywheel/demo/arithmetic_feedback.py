@@ -1,9 +1,9 @@
 """The demo's learnable domain: feedback on two-digit additions, in two batches.
 
-The problem family is `finetune.synthetic`'s (re-implemented here: ingest never imports the
-trainer): `a+b=` with 10 <= a, b <= 99, asked as one user turn, answered with the sum. The
-tiny base model is pretrained on the sums whose units digits do not carry, so a carry
-(17+25=) is the skill it lacks and the feedback must teach.
+The problems are `flywheel.demo.arithmetic`'s, the definition `finetune.synthetic` pretrains
+the tiny base model from: `a+b=` with 10 <= a, b <= 99, asked as one user turn, answered with
+the sum. The base is pretrained on the split's broad slice, the sums whose units digits do
+not carry, so a carry (17+25=) is the skill it lacks and the feedback must teach.
 
 What users sent, as `POST /v1/feedback` bodies carrying their own conversation:
 
@@ -34,32 +34,9 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
-LOW, HIGH = 10, 99
+from flywheel.demo.arithmetic import Problem, problems, split_problems
+
 RATERS = 12  # pseudonymous raters: "rater-" + 8 hex digits of a hash
-
-
-@dataclass(frozen=True)
-class Problem:
-    a: int
-    b: int
-
-    @property
-    def prompt(self) -> str:
-        return f"{self.a}+{self.b}="
-
-    @property
-    def answer(self) -> str:
-        return str(self.a + self.b)
-
-    @property
-    def carries(self) -> bool:
-        return self.a % 10 + self.b % 10 >= 10
-
-    @property
-    def wrong_answer(self) -> str:
-        """The carry mistake: dropped where there is one (17+25 -> 32), invented where there
-        is none (12+34 -> 56), as in `finetune.synthetic`."""
-        return str(self.a + self.b + (-10 if self.carries else 10))
 
 
 @dataclass(frozen=True)
@@ -94,20 +71,21 @@ SIZES: dict[tuple[bool, int], BatchSize] = {
 
 def all_problems() -> list[Problem]:
     """Every problem, in a fixed order that looks random (sha256 of the prompt)."""
-    problems = [Problem(a, b) for a in range(LOW, HIGH + 1) for b in range(LOW, HIGH + 1)]
-    return sorted(problems, key=lambda p: _digest(f"flywheel-demo:{p.prompt}"))
+    return sorted(problems(), key=lambda p: _digest(f"flywheel-demo:{p.prompt}"))
 
 
 def batch_problems(batch: int, *, quick: bool) -> tuple[list[Problem], list[Problem]]:
     """(carry problems, problems without a carry) of a batch. Batch 1's carries are small
     sums (below 100), batch 2's carry into the hundreds (57+68=125): a skill the first
-    adapter has seen no example of. Problems without a carry come from one list, batch 2
-    taking those after batch 1's, so the two batches never share a prompt."""
+    adapter has seen no example of. Problems without a carry (the broad slice the base is
+    pretrained on) come from one list, batch 2 taking those after batch 1's, so the two
+    batches never share a prompt."""
     if batch not in (1, 2):
         raise ValueError(f"the demo has feedback batches 1 and 2, not {batch}")
     ordered = all_problems()
-    carries = [p for p in ordered if p.carries and (p.a + p.b < 100) == (batch == 1)]
-    plain = [p for p in ordered if not p.carries]
+    known = set(split_problems().broad)  # what the base model is pretrained on
+    carries = [p for p in ordered if p not in known and (p.a + p.b < 100) == (batch == 1)]
+    plain = [p for p in ordered if p in known]
     size = SIZES[quick, batch]
     plain_start = 0 if batch == 1 else SIZES[quick, 1].plain
     return carries[: size.carries], plain[plain_start : plain_start + size.plain]

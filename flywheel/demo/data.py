@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from ingest.demo import arithmetic, repository, support
+from flywheel.demo import arithmetic_feedback, repository, support
 
 ARITHMETIC_DOMAIN = "arithmetic"
 SUPPORT_DOMAIN = "support"
@@ -77,7 +77,7 @@ def write_arithmetic(directory: Path, *, batch: int, quick: bool) -> list[Path]:
     """The arithmetic domain's feedback for cycle `batch` (1, then 2: the "more feedback"
     posted before the second cycle). `quick`: the smaller batches of the CI smoke."""
     path = Path(directory) / f"arithmetic-feedback-{batch}.jsonl"
-    write_jsonl(path, arithmetic.feedback_events(batch, quick=quick))
+    write_jsonl(path, arithmetic_feedback.feedback_events(batch, quick=quick))
     return [path]
 
 

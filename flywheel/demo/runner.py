@@ -30,8 +30,7 @@ import yaml
 from rich.console import Console
 
 from flywheel.cli.common import JsonOption, database_session, emit
-from flywheel.errors import InvalidInput, InvalidState
-from ingest.demo.data import (
+from flywheel.demo.data import (
     ARITHMETIC_DOMAIN,
     CODE_DOMAIN,
     SUPPORT_DOMAIN,
@@ -40,7 +39,8 @@ from ingest.demo.data import (
     write_repository,
     write_support,
 )
-from ingest.demo.summary import cycle_rows, domain_counts, print_summary
+from flywheel.demo.summary import cycle_rows, domain_counts, print_summary
+from flywheel.errors import InvalidInput, InvalidState
 
 TENANT = "demo"
 SETTINGS_LEFT_OUT = ("FLYWHEEL_DATABASE_URL", "FLYWHEEL_MLFLOW_TRACKING_URI", "FLYWHEEL_BASE_MODEL")
@@ -74,7 +74,7 @@ def run_demo(directory: Path, *, quick: bool) -> Demo:
         raise InvalidInput(f"{demo.home} already exists: run the demo in an empty directory")
     demo.directory.mkdir(parents=True, exist_ok=True)
     _use_workspace(demo)
-    plan = arithmetic_plan(quick=quick)  # calibrated: see ingest/demo/data.py
+    plan = arithmetic_plan(quick=quick)  # calibrated: see flywheel/demo/data.py
     total = 8
     with _stage(demo, 1, total, "workspace: embedded database and MLflow store"):
         _setup(demo, plan)
@@ -163,7 +163,7 @@ def _cycle() -> dict[str, Any]:
 def _cli(*argv: str) -> Any:
     """Run one `flywheel` command here, its JSON result captured (its progress and logs go
     to stderr as usual); a failure stops the demo with that command's error."""
-    from flywheel.cli import main as flywheel  # here: the CLI loads this module as a plugin
+    from flywheel.cli import main as flywheel  # here: flywheel.cli imports this module
 
     captured = io.StringIO()
     with contextlib.redirect_stdout(captured):
