@@ -10,23 +10,26 @@ near-duplicate pass links new items to the canonical ones they nearly repeat.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from sqlalchemy import func, select
 from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.db import unit_of_work, utcnow
-from flywheel.errors import Conflict, FlywheelError, InvalidInput
+from flywheel.db import unit_of_work
+from flywheel.errors import FlywheelError, InvalidInput
 from flywheel.signals.candidates import Candidate
 from flywheel.signals.dedup import link_near_duplicates
-from flywheel.signals.models import IngestRun
+from flywheel.signals.ingest_runs import (
+    Source,
+    checkpoint_ingest_run,
+    finish_ingest_run,
+    open_ingest_run,
+    source_lock,
+)
 from flywheel.signals.store import StoreCounts, store_candidates
 from ingest.framework import Ingestor, Rejected, SourceRecord
 
@@ -106,10 +109,13 @@ def run_ingest(
     fingerprint = ingestor.fingerprint()
     with source_lock(sessions, domain_id, fingerprint):
         with unit_of_work(sessions) as session:
-            run = _resumable_run(session, ingestor, domain_id, fingerprint)
-            if run is None:
-                run = _new_run(session, ingestor, tenant_id, domain_id, fingerprint)
-            run.status, run.error = "running", None
+            run = open_ingest_run(
+                session,
+                tenant_id=tenant_id,
+                domain_id=domain_id,
+                source=_source(ingestor, fingerprint),
+                counts=RunCounts().as_json(),
+            )
             run_id, start = run.id, int(run.checkpoint.get("position", 0))
             counts = RunCounts.from_json(run.counts)
         try:
@@ -128,69 +134,14 @@ def run_ingest(
     return RunResult(run_id, counts, resumed_from=start)
 
 
-@contextmanager
-def source_lock(
-    sessions: sessionmaker[Session], domain_id: uuid.UUID, fingerprint: str
-) -> Iterator[None]:
-    """One run at a time per (domain, source): two would resume from the same checkpoint and
-    overwrite each other's counts. A PostgreSQL session lock, so a crashed process's lock goes
-    with its connection; SQLite serialises writers itself."""
-    engine = sessions.kw["bind"]
-    if engine.dialect.name != "postgresql":
-        yield
-        return
-    digest = hashlib.sha256(f"ingest:{domain_id}:{fingerprint}".encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
-    with engine.connect() as connection:
-        if not connection.execute(select(func.pg_try_advisory_lock(key))).scalar():
-            raise Conflict("another run is ingesting this source into this domain right now")
-        try:
-            yield
-        finally:
-            connection.execute(select(func.pg_advisory_unlock(key)))
-
-
-def _resumable_run(
-    session: Session, ingestor: Ingestor, domain_id: uuid.UUID, fingerprint: str
-) -> IngestRun | None:
-    """The latest unfinished run over exactly this source by this ingestor version."""
-    return session.scalars(
-        select(IngestRun)
-        .where(
-            IngestRun.domain_id == domain_id,
-            IngestRun.source_kind == ingestor.source_kind,
-            IngestRun.source_format == ingestor.source_format,
-            IngestRun.source_sha256 == fingerprint,
-            IngestRun.ingestor_version == ingestor.version,
-            IngestRun.status != "succeeded",
-        )
-        .order_by(IngestRun.created_at.desc())
-        .limit(1)
-        .with_for_update()
-    ).first()
-
-
-def _new_run(
-    session: Session,
-    ingestor: Ingestor,
-    tenant_id: uuid.UUID,
-    domain_id: uuid.UUID,
-    fingerprint: str,
-) -> IngestRun:
-    run = IngestRun(
-        tenant_id=tenant_id,
-        domain_id=domain_id,
-        source_kind=ingestor.source_kind,
-        source_format=ingestor.source_format,
-        source_ref=ingestor.source_ref[:1024],
-        source_sha256=fingerprint,
-        ingestor_version=ingestor.version,
-        checkpoint={"position": 0},
-        counts=RunCounts().as_json(),
+def _source(ingestor: Ingestor, fingerprint: str) -> Source:
+    return Source(
+        ingestor.source_kind,
+        ingestor.source_format,
+        ingestor.source_ref,
+        fingerprint,
+        ingestor.version,
     )
-    session.add(run)
-    session.flush()
-    return run
 
 
 def _batches(
@@ -263,9 +214,7 @@ def _store_batch(
     updated.read += batch.read
     updated.rejected.update(batch.rejected)
     updated.add(stored)
-    run = session.get_one(IngestRun, run_id)
-    run.counts = updated.as_json()
-    run.checkpoint = {"position": batch.next_position}
+    checkpoint_ingest_run(session, run_id, counts=updated.as_json(), position=batch.next_position)
     return updated
 
 
@@ -278,9 +227,7 @@ def _finish(
     error: str | None = None,
 ) -> None:
     with unit_of_work(sessions) as session:
-        run = session.get_one(IngestRun, run_id)
-        run.status, run.error, run.counts = status, error, counts.as_json()
-        run.finished_at = utcnow()
+        finish_ingest_run(session, run_id, status=status, counts=counts.as_json(), error=error)
 
 
 def _describe(error: BaseException) -> str:

@@ -16,15 +16,17 @@ import json
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from flywheel.errors import InvalidInput
 from flywheel.feedback.values import MAX_NAME_CHARS, check_clean_text
 from flywheel.signals.candidates import Candidate, Provenance, TaskCandidate
-from flywheel.signals.models import VerifiableTask
+from flywheel.signals.service import stream_tasks
+
+if TYPE_CHECKING:  # a type only: ingest reads and writes rows through flywheel's services
+    from flywheel.signals.models import VerifiableTask
 from ingest.framework import SourceRecord
 from ingest.jsonl import file_sha256, read_objects
 
@@ -166,13 +168,8 @@ def export_tasks(
 ) -> int:
     """Write the domain's tasks (only those with `status`, if given) in Flywheel's format;
     the number written. Streams: memory does not grow with the number of tasks."""
-    query = select(VerifiableTask).where(VerifiableTask.domain_id == domain_id)
-    if status is not None:
-        query = query.where(VerifiableTask.verifier_status == status)
     written = 0
-    for task in session.scalars(
-        query.order_by(VerifiableTask.created_at).execution_options(yield_per=500)
-    ):
+    for task in stream_tasks(session=session, domain_id=domain_id, status=status):
         out.write(json.dumps(task_record(task), ensure_ascii=False) + "\n")
         written += 1
     return written

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Generic, TypeVar
 
@@ -54,6 +55,19 @@ def list_tasks(
         query = query.where(VerifiableTask.id > after)
     items = list(session.scalars(query.order_by(VerifiableTask.id).limit(limit + 1)))
     return _page(items, limit)
+
+
+def stream_tasks(
+    *, session: Session, domain_id: uuid.UUID, status: str | None = None
+) -> Iterator[VerifiableTask]:
+    """The domain's tasks (only those with `status`, if given) in the order they were stored,
+    read in chunks: memory does not grow with the number of tasks."""
+    query = select(VerifiableTask).where(VerifiableTask.domain_id == domain_id)
+    if status is not None:
+        query = query.where(VerifiableTask.verifier_status == status)
+    yield from session.scalars(
+        query.order_by(VerifiableTask.created_at).execution_options(yield_per=500)
+    )
 
 
 def _page(items: list[T], limit: int) -> Page[T]:

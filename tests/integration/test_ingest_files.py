@@ -19,9 +19,10 @@ from flywheel.errors import Conflict
 from flywheel.feedback.service import NewInteraction, record_interaction
 from flywheel.models import FeedbackEvent, IngestRun, VerifiableTask
 from flywheel.signals.candidates import Candidate
+from flywheel.signals.ingest_runs import source_lock
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import SourceRecord
-from ingest.runner import run_ingest, source_lock
+from ingest.runner import run_ingest
 from tests.conftest import Caller, count_rows, make_caller, run_cli
 
 RATING = {

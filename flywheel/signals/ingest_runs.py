@@ -1,0 +1,119 @@
+"""Ingest runs: the record of one read of a source into a domain (where it got to, its counts,
+how it ended), and the lock that keeps two runs off the same source.
+
+`ingest/` drives the reading; every row of `ingest_runs` it needs is written here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.db import utcnow
+from flywheel.errors import Conflict
+from flywheel.signals.models import IngestRun
+
+
+@dataclass(frozen=True)
+class Source:
+    """What a run reads: its kind and format, a reference, a fingerprint of its content, and
+    the version of the code that reads it."""
+
+    kind: str
+    format: str
+    ref: str
+    fingerprint: str
+    ingestor_version: str
+
+
+@contextmanager
+def source_lock(
+    sessions: sessionmaker[Session], domain_id: uuid.UUID, fingerprint: str
+) -> Iterator[None]:
+    """One run at a time per (domain, source): two would resume from the same checkpoint and
+    overwrite each other's counts. A PostgreSQL session lock, so a crashed process's lock goes
+    with its connection; SQLite serialises writers itself."""
+    engine = sessions.kw["bind"]
+    if engine.dialect.name != "postgresql":
+        yield
+        return
+    digest = hashlib.sha256(f"ingest:{domain_id}:{fingerprint}".encode()).digest()
+    key = int.from_bytes(digest[:8], "big", signed=True)
+    with engine.connect() as connection:
+        if not connection.execute(select(func.pg_try_advisory_lock(key))).scalar():
+            raise Conflict("another run is ingesting this source into this domain right now")
+        try:
+            yield
+        finally:
+            connection.execute(select(func.pg_advisory_unlock(key)))
+
+
+def open_ingest_run(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    source: Source,
+    counts: dict[str, Any],
+) -> IngestRun:
+    """The latest unfinished run over exactly this source by this reader version (to resume
+    after its checkpoint), or a new one starting at position 0 with `counts`; marked running."""
+    run = session.scalars(
+        select(IngestRun)
+        .where(
+            IngestRun.domain_id == domain_id,
+            IngestRun.source_kind == source.kind,
+            IngestRun.source_format == source.format,
+            IngestRun.source_sha256 == source.fingerprint,
+            IngestRun.ingestor_version == source.ingestor_version,
+            IngestRun.status != "succeeded",
+        )
+        .order_by(IngestRun.created_at.desc())
+        .limit(1)
+        .with_for_update()
+    ).first()
+    if run is None:
+        run = IngestRun(
+            tenant_id=tenant_id,
+            domain_id=domain_id,
+            source_kind=source.kind,
+            source_format=source.format,
+            source_ref=source.ref[:1024],
+            source_sha256=source.fingerprint,
+            ingestor_version=source.ingestor_version,
+            checkpoint={"position": 0},
+            counts=counts,
+        )
+        session.add(run)
+    run.status, run.error = "running", None
+    session.flush()
+    return run
+
+
+def checkpoint_ingest_run(
+    session: Session, run_id: uuid.UUID, *, counts: dict[str, Any], position: int
+) -> None:
+    """The run's counts so far and the position to resume from, in the batch's transaction."""
+    run = session.get_one(IngestRun, run_id)
+    run.counts = counts
+    run.checkpoint = {"position": position}
+
+
+def finish_ingest_run(
+    session: Session,
+    run_id: uuid.UUID,
+    *,
+    status: str,
+    counts: dict[str, Any],
+    error: str | None = None,
+) -> None:
+    run = session.get_one(IngestRun, run_id)
+    run.status, run.error, run.counts = status, error, counts
+    run.finished_at = utcnow()
