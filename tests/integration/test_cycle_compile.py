@@ -1,0 +1,47 @@
+"""A cycle's compile step is the feedback compiler itself, called directly: it needs no plugin
+registered by an installed package (it used to run whatever the `flywheel.compilers`
+entry-point group held, and silently compiled nothing when the package was not reinstalled).
+The cycle stops at the build here (one prompt: no eval items), before any training."""
+
+from __future__ import annotations
+
+import importlib.metadata
+
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.scheduling.cycle import CycleRequest, run_cycle
+from flywheel.settings import Settings
+from tests.conftest import Caller, count_rows
+
+
+def test_the_compile_step_compiles_new_feedback_with_no_plugin_installed(
+    client: TestClient,
+    acme: Caller,
+    sessions: sessionmaker[Session],
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    comparison = {
+        "domain": "billing",
+        "kind": "comparison",
+        "value": {
+            "messages": [{"role": "user", "content": "How do I get a refund?"}],
+            "responses": ["Ask support.", "Open Settings > Billing > Refund."],
+            "preferred": 1,
+        },
+    }
+    assert client.post("/v1/feedback", json=comparison, headers=acme.headers).status_code == 201
+    # an installed package that registered no plugin (the old step imported the function)
+    monkeypatch.setattr(importlib.metadata, "entry_points", lambda **_: [])
+    monkeypatch.setattr("flywheel.scheduling.cycle.entry_points", lambda **_: [], raising=False)
+
+    outcome = run_cycle(sessions, CycleRequest(acme.tenant_id, "billing"), settings)
+
+    compiled = outcome.steps["compile"]
+    assert compiled["status"] == "succeeded"
+    assert (compiled["result"]["pairs"], compiled["result"]["events_read"]) == (1, 1)
+    assert count_rows(sessions, "preference_pairs") == 1
+    assert outcome.status == "failed"
+    assert "no eval items" in (outcome.error or "")
