@@ -304,9 +304,9 @@ def test_a_sqlalchemy_url_becomes_a_libpq_conninfo() -> None:
 def test_a_bad_scheduler_cron_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYWHEEL_SCHEDULER_TICK_CRON", "every minute")
     with pytest.raises(ValidationError, match="not a cron expression"):
-        jobs.SchedulerSettings()
+        Settings()
     monkeypatch.setenv("FLYWHEEL_SCHEDULER_TICK_CRON", "* * * * * */2")  # seconds: allowed
-    assert jobs.SchedulerSettings().scheduler_tick_cron == "* * * * * */2"
+    assert Settings().scheduler_tick_cron == "* * * * * */2"
 
 
 def test_runs_list_show_and_cancel_from_the_cli(
