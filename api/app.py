@@ -8,7 +8,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 import flywheel
-from api import datasets, feedback, health, models, runs, signals
+from api import datasets, feedback, health, registry, runs, signals
 from api.auth import KeyAuthenticator, RateLimiter
 from api.errors import install_error_handlers
 from api.middleware import ApiMetrics, BodyLimit, RequestMetrics, RequireJson
@@ -44,7 +44,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(feedback.router)
     app.include_router(signals.router)
     app.include_router(datasets.router)
-    app.include_router(models.router)
+    app.include_router(registry.router)
     app.include_router(runs.router)
     # The last added runs first: metrics see every request, then the body cap, then JSON.
     app.add_middleware(RequireJson)

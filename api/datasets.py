@@ -47,7 +47,7 @@ async def build_dataset(
     body: Annotated[RecipeCreate | None, Body()] = None,
 ) -> Response:
     """Build the domain's next version; 200 with the latest one when nothing changed."""
-    recipe = service.Recipe(**(body or RecipeCreate()).model_dump())
+    recipe = service.DatasetRecipe(**(body or RecipeCreate()).model_dump())
     built = await in_transaction(
         request, service.build_for, tenant_id=principal.tenant_id, domain=domain, recipe=recipe
     )

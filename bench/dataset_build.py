@@ -33,7 +33,7 @@ import psycopg
 from sqlalchemy import make_url
 
 from flywheel import migrate
-from flywheel.datasets.service import Recipe, build_dataset_version
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import make_engine, make_session_factory, unit_of_work
 from flywheel.settings import Settings
 from flywheel.tenancy import service as tenancy
@@ -99,7 +99,10 @@ def main() -> None:
         started = time.perf_counter()
         with unit_of_work(sessions) as session:
             built = build_dataset_version(
-                session=session, tenant_id=ids["tenant"], domain_id=ids["domain"], recipe=Recipe()
+                session=session,
+                tenant_id=ids["tenant"],
+                domain_id=ids["domain"],
+                recipe=DatasetRecipe(),
             )
             stats = built.stats
         build_s = time.perf_counter() - started

@@ -8,23 +8,31 @@ complete checkpoint. On success the last stdout line is the outcome as JSON.
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.util
 import json
 import logging
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
+from finetune import dpo, grpo, sft
 from finetune.config import GrpoConfig, load_config
 from finetune.data import FILES, check_tasks, open_export
 from finetune.errors import TrainingInputError
-from finetune.job import INTERRUPTED_EXIT, Job
+from finetune.job import INTERRUPTED_EXIT, Job, Outcome
 from finetune.model import check_base
+
+# The training method named on the command line -> its recipe's train(job).
+RECIPES: dict[str, Callable[[Job], Outcome]] = {
+    "sft": sft.train,
+    "dpo": dpo.train,
+    "grpo": grpo.train,
+}
 
 
 def parse(argv: list[str]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m finetune", description=__doc__)
-    parser.add_argument("method", choices=("sft", "dpo", "grpo"))
+    parser.add_argument("method", choices=tuple(RECIPES))
     parser.add_argument("--config", type=Path, help="A YAML config (defaults otherwise).")
     parser.add_argument("--dataset", type=Path, required=True, help="A trl dataset export.")
     parser.add_argument("--base", type=Path, required=True, help="A base model directory.")
@@ -61,8 +69,7 @@ def main(argv: list[str] | None = None) -> int:
         job = Job(args.method, config, args.dataset, args.base, args.out, is_resume=args.resume)
         preflight(job)
         job.out.mkdir(parents=True, exist_ok=True)
-        recipe = importlib.import_module(f"finetune.{args.method}")
-        outcome = recipe.train(job)
+        outcome = RECIPES[args.method](job)
     except TrainingInputError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -77,7 +77,9 @@ class EvalItems:
 
 
 @dataclass(frozen=True)
-class Settings:
+class EvalSettings:
+    """How one evaluation samples: k completions per task, their length, seed and batch size."""
+
     k: int
     max_new_tokens: int
     seed: int
@@ -172,7 +174,7 @@ def generate(
     model: Any,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[list[Message]],
-    settings: Settings,
+    settings: EvalSettings,
     *,
     temperature: float | None = None,
     label: str = "generate",
@@ -303,7 +305,7 @@ def pass_scores(
 
 
 def score_sft(
-    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: Settings
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: EvalSettings
 ) -> tuple[Scores, Scores]:
     """(exact_match, sft_loss) per SFT item."""
     prompts = [row["messages"] for row in rows]
@@ -321,7 +323,7 @@ def score_sft(
 
 
 def score_pairs(
-    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: Settings
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: EvalSettings
 ) -> Scores:
     """preference_accuracy per pair: 1.0 when chosen is the likelier reply, strictly."""
     prompts = [row["messages"] for row in rows]
@@ -357,7 +359,7 @@ def score_tasks(
     model: Any,
     tokenizer: PreTrainedTokenizerBase,
     rows: list[Row],
-    settings: Settings,
+    settings: EvalSettings,
     reward: Callable[..., list[float | None]],
 ) -> tuple[Scores, Scores]:
     """(pass@1, pass@k) per task the reward can score."""
@@ -389,7 +391,7 @@ def score_tasks(
 
 
 def evaluate(
-    model: Any, tokenizer: PreTrainedTokenizerBase, items: EvalItems, settings: Settings
+    model: Any, tokenizer: PreTrainedTokenizerBase, items: EvalItems, settings: EvalSettings
 ) -> tuple[dict[str, Scores], dict[str, Scores]]:
     """(metrics, losses): only metrics with at least one scored item appear."""
     metrics: dict[str, Scores] = {}
@@ -437,7 +439,7 @@ def _preflight_sandbox(items: EvalItems) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
-    settings = Settings(args.k, args.max_new_tokens, args.seed, args.batch_size)
+    settings = EvalSettings(args.k, args.max_new_tokens, args.seed, args.batch_size)
     items = open_items(args.dataset, args.split)
     check_base(args.base)
     if args.adapter is not None:

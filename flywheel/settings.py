@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from pydantic import Field, SecretStr
+from croniter import croniter
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 MIB = 1024 * 1024
@@ -57,6 +58,29 @@ class Settings(BaseSettings):
         "Keep it <= FLYWHEEL_STALLED_AFTER_S, so a dead worker's retried job finds it stale.",
     )
 
+    scheduler_tick_cron: str = Field(
+        default="* * * * *",
+        description="When workers tick the schedule (UTC cron; a 6th field is seconds).",
+    )
+    stalled_retry_cron: str = Field(
+        default="* * * * *",
+        description="When workers look for jobs of dead workers (UTC cron; 6th field: seconds).",
+    )
+    worker_heartbeat_s: float = Field(
+        default=10.0, gt=0, description="How often a worker tells the database it is alive."
+    )
+    stalled_after_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="A worker silent this long is presumed dead and its jobs are retried "
+        "(keep it several heartbeats long).",
+    )
+    stalled_max_retries: int = Field(
+        default=3,
+        ge=0,
+        description="How many times a cycle whose worker died is retried before it fails.",
+    )
+
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")
     rate_limit_per_s: float = Field(
         default=50.0, gt=0, description="Sustained requests per second per API key (per process)."
@@ -68,6 +92,13 @@ class Settings(BaseSettings):
         description="How long a process trusts a looked-up API key; bounds how long a revoked "
         "key keeps working. 0 looks the key up on every request.",
     )
+
+    @field_validator("scheduler_tick_cron", "stalled_retry_cron")
+    @classmethod
+    def _is_cron(cls, value: str) -> str:
+        if not croniter.is_valid(value):
+            raise ValueError(f"not a cron expression: {value!r}")
+        return value
 
     @property
     def resolved_database_url(self) -> str:

@@ -30,7 +30,7 @@ dataset = typer.Typer(help="Build, list and export dataset versions.", no_args_i
 
 DomainOption = typer.Option(..., "--domain", help="The domain.")
 TenantOption = typer.Option(None, "--tenant", help="The tenant (when there is more than one).")
-DEFAULTS = service.Recipe()
+DEFAULTS = service.DatasetRecipe()
 
 
 @dataset.command("build")
@@ -52,7 +52,7 @@ def build(
     as_json: bool = JsonOption,
 ) -> None:
     """Build the domain's next version from its eligible signal (or say nothing changed)."""
-    recipe = service.Recipe(
+    recipe = service.DatasetRecipe(
         eval_fraction=eval_fraction,
         replay_fraction=replay_fraction,
         ngram=ngram,

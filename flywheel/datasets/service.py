@@ -10,12 +10,12 @@ What a version holds:
 Eligible: weight > 0 (retracted items are out), not a near-duplicate of another item, and for
 code tasks a verifier status of usable.
 
-Mixing (`Recipe.mix`): a share of each named domain's train items joins train, drawn by content
-hash; only from groups that domain's own builds placed in train and never an item it evaluated
-on, and train is decontaminated against that domain's eval items too. A domain must have a
-version of its own before it can be mixed in. `Recipe.source_weights` scales train items'
-weights by their source kind (0 leaves a source out). Both are part of the recipe, so of the
-manifest hash; a changed mix makes a new version even when no item is new.
+Mixing (`DatasetRecipe.mix`): a share of each named domain's train items joins train, drawn by
+content hash; only from groups that domain's own builds placed in train and never an item it
+evaluated on, and train is decontaminated against that domain's eval items too. A domain must
+have a version of its own before it can be mixed in. `DatasetRecipe.source_weights` scales train
+items' weights by their source kind (0 leaves a source out). Both are part of the recipe, so of
+the manifest hash; a changed mix makes a new version even when no item is new.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
 
 
 @dataclass(frozen=True)
-class Recipe:
+class DatasetRecipe:
     """How a version is built: recorded in it, so the same recipe on the same signal gives
     the same version (and manifest hash)."""
 
@@ -129,7 +129,7 @@ class Built:
 
 
 def build_dataset_version(
-    *, session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: Recipe
+    *, session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: DatasetRecipe
 ) -> Built:
     """Build the domain's next version (or find that nothing changed)."""
     recipe.check()
@@ -173,7 +173,9 @@ def build_dataset_version(
     return Built(version, is_new=True, stats=stats)
 
 
-def build_for(*, session: Session, tenant_id: uuid.UUID, domain: str, recipe: Recipe) -> Built:
+def build_for(
+    *, session: Session, tenant_id: uuid.UUID, domain: str, recipe: DatasetRecipe
+) -> Built:
     """`build_dataset_version` for a domain named by its tenant (NotFound otherwise)."""
     domain_id = get_domain(session, tenant_id, domain).id
     return build_dataset_version(
@@ -306,7 +308,7 @@ def _text_of(parts: list[Any]) -> str:
     return "\n".join([prompt, *responses])
 
 
-def _same_mix(parent: DatasetVersion, recipe: Recipe) -> bool:
+def _same_mix(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:
     """Whether the parent was mixed and weighted as the recipe asks (a changed mix makes a
     new version even when no item is new; the other fields only act on new items)."""
     return bool(
@@ -316,7 +318,7 @@ def _same_mix(parent: DatasetVersion, recipe: Recipe) -> bool:
 
 
 def _mixed_items(
-    session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: Recipe
+    session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: DatasetRecipe
 ) -> tuple[list[Item], list[Item]]:
     """The recipe's share of each mixed-in domain's train items, and those domains' eval items
     (train is decontaminated against them too). Only groups that domain's own builds put in
@@ -384,7 +386,7 @@ class _Splits:
 def _assign(
     session: Session,
     domain_id: uuid.UUID,
-    recipe: Recipe,
+    recipe: DatasetRecipe,
     history: _History,
     eligible: list[Item],
 ) -> _Splits:
@@ -403,7 +405,7 @@ def _assign(
 
 
 def _choose(
-    eligible: list[Item], splits: _Splits, history: _History, recipe: Recipe, number: int
+    eligible: list[Item], splits: _Splits, history: _History, recipe: DatasetRecipe, number: int
 ) -> tuple[list[Item], list[Item], dict[str, Any]]:
     evaluation: list[Item] = []
     train: list[Item] = []
@@ -435,7 +437,7 @@ def _drawn(salt: str, item: Item, fraction: float) -> bool:
 
 
 def _decontaminate(
-    train: list[Item], evaluation: list[Item], recipe: Recipe
+    train: list[Item], evaluation: list[Item], recipe: DatasetRecipe
 ) -> tuple[list[Item], Counter[str]]:
     """Drop train items that overlap the eval set; the reasons, counted. Both sides are
     signed from the same one-field text (stored signatures differ per table)."""
@@ -464,7 +466,7 @@ def _ease(item: Item) -> float:
     return -item.difficulty if item.difficulty is not None else 1.0
 
 
-def _manifest(ordered: dict[str, list[Item]], recipe: Recipe) -> tuple[str, str]:
+def _manifest(ordered: dict[str, list[Item]], recipe: DatasetRecipe) -> tuple[str, str]:
     """The version's hash (recipe and every item, in order) and its eval split's hash."""
     eval_hash = _hash_lines(_lines("eval", ordered["eval"]))
     everything = [json.dumps(asdict(recipe), sort_keys=True)]

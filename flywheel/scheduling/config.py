@@ -18,7 +18,7 @@ from typing import Literal
 from croniter import croniter
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from flywheel.datasets.service import Recipe
+from flywheel.datasets.service import DatasetRecipe
 from flywheel.errors import InvalidInput
 from flywheel.tenancy.models import Domain
 
@@ -51,9 +51,9 @@ class CycleSettings(BaseModel):
             raise ValueError(f"not a cron expression: {schedule!r}")
         return schedule
 
-    def dataset_recipe(self) -> Recipe:
+    def dataset_recipe(self) -> DatasetRecipe:
         try:
-            recipe = Recipe(**self.recipe)  # type: ignore[arg-type]
+            recipe = DatasetRecipe(**self.recipe)  # type: ignore[arg-type]
         except TypeError as error:
             raise InvalidInput(f"the domain's cycle recipe: {error}") from error
         recipe.check()

@@ -28,12 +28,9 @@ from typing import Any, cast
 
 import procrastinate
 import psycopg
-from croniter import croniter
 from procrastinate import exceptions as job_errors
 from procrastinate.jobs import Job, Status
 from procrastinate.schema import SchemaManager
-from pydantic import Field, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
 from sqlalchemy import make_url, update
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -68,42 +65,6 @@ POSTGRES_ONLY = (
 )
 
 
-class SchedulerSettings(BaseSettings):
-    """Worker and scheduler settings, each `FLYWHEEL_<NAME>` like the platform's own."""
-
-    model_config = SettingsConfigDict(env_prefix="FLYWHEEL_", extra="ignore")
-
-    scheduler_tick_cron: str = Field(
-        default="* * * * *",
-        description="When workers tick the schedule (UTC cron; a 6th field is seconds).",
-    )
-    stalled_retry_cron: str = Field(
-        default="* * * * *",
-        description="When workers look for jobs of dead workers (UTC cron; 6th field: seconds).",
-    )
-    worker_heartbeat_s: float = Field(
-        default=10.0, gt=0, description="How often a worker tells the database it is alive."
-    )
-    stalled_after_s: float = Field(
-        default=60.0,
-        gt=0,
-        description="A worker silent this long is presumed dead and its jobs are retried "
-        "(keep it several heartbeats long).",
-    )
-    stalled_max_retries: int = Field(
-        default=3,
-        ge=0,
-        description="How many times a cycle whose worker died is retried before it fails.",
-    )
-
-    @field_validator("scheduler_tick_cron", "stalled_retry_cron")
-    @classmethod
-    def _is_cron(cls, value: str) -> str:
-        if not croniter.is_valid(value):
-            raise ValueError(f"not a cron expression: {value!r}")
-        return value
-
-
 def job_conninfo(database_url: str) -> str:
     """The libpq conninfo of a `postgresql+psycopg://` SQLAlchemy URL; InvalidState otherwise."""
     url = make_url(database_url)
@@ -125,18 +86,16 @@ def job_conninfo(database_url: str) -> str:
 
 def make_job_app(
     settings: Settings,
-    scheduler: SchedulerSettings | None = None,
     sessions: sessionmaker[Session] | None = None,
 ) -> procrastinate.App:
     """The procrastinate app a worker runs: its connector, tasks and periodic tasks."""
-    scheduler = scheduler or SchedulerSettings()
     app = procrastinate.App(
         connector=procrastinate.PsycopgConnector(
             conninfo=job_conninfo(settings.resolved_database_url), min_size=1, max_size=4
         ),
         worker_defaults={
-            "update_heartbeat_interval": scheduler.worker_heartbeat_s,
-            "stalled_worker_timeout": scheduler.stalled_after_s,
+            "update_heartbeat_interval": settings.worker_heartbeat_s,
+            "stalled_worker_timeout": settings.stalled_after_s,
         },
     )
     factory = sessions or make_session_factory(make_engine(settings))
@@ -145,7 +104,7 @@ def make_job_app(
     def cycle(run_id: str) -> dict[str, Any]:
         return carry_out(factory, settings, uuid.UUID(run_id))
 
-    @app.periodic(cron=scheduler.scheduler_tick_cron, periodic_id="schedule")
+    @app.periodic(cron=settings.scheduler_tick_cron, periodic_id="schedule")
     @app.task(name=TICK_TASK, queue=CPU, queueing_lock=TICK_TASK)
     def tick(timestamp: int) -> list[dict[str, Any]]:
         with unit_of_work(factory) as session:
@@ -153,10 +112,10 @@ def make_job_app(
             decisions = schedule.tick(session, at=at, defer=defer_cycle_job)
         return [decision.as_json() for decision in decisions]
 
-    @app.periodic(cron=scheduler.stalled_retry_cron, periodic_id="stalled")
+    @app.periodic(cron=settings.stalled_retry_cron, periodic_id="stalled")
     @app.task(name=RETRY_TASK, queue=CPU, queueing_lock=RETRY_TASK)
     async def retry_stalled_jobs(timestamp: int) -> list[int]:
-        return await retry_stalled(app, factory, scheduler)
+        return await retry_stalled(app, factory, settings)
 
     @app.periodic(cron="17 3 * * *", periodic_id="prune")
     @app.task(name=PRUNE_TASK, queue=CPU, queueing_lock=PRUNE_TASK)
@@ -330,18 +289,18 @@ def end_run(
 
 
 async def retry_stalled(
-    app: procrastinate.App, sessions: sessionmaker[Session], scheduler: SchedulerSettings
+    app: procrastinate.App, sessions: sessionmaker[Session], settings: Settings
 ) -> list[int]:
     """Put the jobs of dead workers back in the queue; the ids retried. A stalled cycle is
     retried up to `stalled_max_retries` times; a stalled housekeeping job just ends (the next
     period brings another)."""
     manager = app.job_manager
     retried = []
-    for job in await manager.get_stalled_jobs(seconds_since_heartbeat=scheduler.stalled_after_s):
+    for job in await manager.get_stalled_jobs(seconds_since_heartbeat=settings.stalled_after_s):
         assert job.id is not None
         if job.task_name != CYCLE_TASK:
             await _finish_failed(app, job)
-        elif job.attempts >= scheduler.stalled_max_retries:
+        elif job.attempts >= settings.stalled_max_retries:
             await _give_up(app, sessions, job, f"its worker was lost {job.attempts + 1} times")
         elif await _retry(app, sessions, job):
             retried.append(job.id)

@@ -14,7 +14,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from finetune import synthetic
-from flywheel.datasets.service import Recipe, build_dataset_version
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work, utcnow
 from flywheel.models import DatasetVersion, Domain, ModelVersion, TrainingRun
 from flywheel.signals.candidates import PairCandidate, Provenance, SftCandidate
@@ -61,7 +61,7 @@ def build_version(sessions: sessionmaker[Session], caller: Caller) -> DatasetVer
             session=session,
             tenant_id=caller.tenant_id,
             domain_id=domain_id,
-            recipe=Recipe(eval_fraction=0.2),
+            recipe=DatasetRecipe(eval_fraction=0.2),
         )
         return built.version
 

@@ -13,7 +13,7 @@ from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import ITEM_COLUMNS, DatasetMember
-from flywheel.datasets.service import Built, Recipe, build_dataset_version
+from flywheel.datasets.service import Built, DatasetRecipe, build_dataset_version
 from flywheel.datasets.split import hashed_split
 from flywheel.db import unit_of_work
 from flywheel.models import Domain, PreferencePair, SftExample, VerifiableTask
@@ -27,7 +27,7 @@ from flywheel.signals.candidates import (
 from flywheel.signals.store import store_candidates
 from tests.conftest import Caller, run_cli
 
-RECIPE = Recipe(eval_fraction=0.3, replay_fraction=0.0)
+RECIPE = DatasetRecipe(eval_fraction=0.3, replay_fraction=0.0)
 EVAL_TEXT = (
     "please reset the billing address on my account because the invoice shows the old "
     "street and my accountant needs the corrected document before the end of the month"
@@ -69,7 +69,7 @@ def store(sessions: sessionmaker[Session], caller: Caller, candidates: list[Cand
         )
 
 
-def build(sessions: sessionmaker[Session], caller: Caller, recipe: Recipe = RECIPE) -> Built:
+def build(sessions: sessionmaker[Session], caller: Caller, recipe: DatasetRecipe = RECIPE) -> Built:
     with unit_of_work(sessions) as session:
         return build_dataset_version(
             session=session,
@@ -131,7 +131,7 @@ def test_versions_keep_eval_frozen_and_groups_whole(
     later = set(groups_in("train", domain_id, 3, prefix="later"))
     store(sessions, acme, [sft(group, f"{group} new question") for group in sorted(later)])
     # A different eval fraction later must not move groups already placed.
-    second = build(sessions, acme, Recipe(eval_fraction=0.9, replay_fraction=0.0))
+    second = build(sessions, acme, DatasetRecipe(eval_fraction=0.9, replay_fraction=0.0))
 
     assert second.version.version == 2
     assert second.version.parent_id == first.version.id
@@ -143,7 +143,7 @@ def test_versions_keep_eval_frozen_and_groups_whole(
 
     more_eval = set(groups_in("eval", domain_id, 2, prefix="third"))
     store(sessions, acme, [sft(group, f"{group} third question") for group in sorted(more_eval)])
-    third = build(sessions, acme, Recipe(eval_fraction=0.3, replay_fraction=1.0))
+    third = build(sessions, acme, DatasetRecipe(eval_fraction=0.3, replay_fraction=1.0))
 
     v3 = members(sessions, third.version.id)
     assert third.version.version == 3
@@ -184,7 +184,7 @@ def test_replay_brings_back_a_share_of_old_train_items(
     first = build(sessions, acme)
     store(sessions, acme, [sft("new-group-x", "brand new")])
 
-    everything = build(sessions, acme, Recipe(eval_fraction=0.3, replay_fraction=1.0))
+    everything = build(sessions, acme, DatasetRecipe(eval_fraction=0.3, replay_fraction=1.0))
 
     assert everything.stats["replayed"] == len(members(sessions, first.version.id)["train"])
 
@@ -219,7 +219,7 @@ def test_the_manifest_moves_only_with_the_inputs(
     domain_id = domain_of(sessions, acme)
     store(sessions, acme, [sft(group, f"{group} q") for group in groups_in("train", domain_id, 5)])
 
-    def manifest(recipe: Recipe) -> str:
+    def manifest(recipe: DatasetRecipe) -> str:
         with sessions() as session:  # built and rolled back: nothing stays
             built = build_dataset_version(
                 session=session, tenant_id=acme.tenant_id, domain_id=domain_id, recipe=recipe
@@ -228,7 +228,7 @@ def test_the_manifest_moves_only_with_the_inputs(
             return built.version.manifest_sha256
 
     assert manifest(RECIPE) == manifest(RECIPE)
-    assert manifest(RECIPE) != manifest(Recipe(eval_fraction=0.3, replay_fraction=0.5))
+    assert manifest(RECIPE) != manifest(DatasetRecipe(eval_fraction=0.3, replay_fraction=0.5))
     before = manifest(RECIPE)
     store(sessions, acme, [sft("one-more", "another question")])
     assert manifest(RECIPE) != before

@@ -12,7 +12,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import DatasetMember
-from flywheel.datasets.service import Built, Recipe, build_dataset_version
+from flywheel.datasets.service import Built, DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput
 from flywheel.models import Domain, SftExample, Tenant
@@ -21,7 +21,7 @@ from flywheel.signals.store import store_candidates
 from flywheel.tenancy import service as tenancy
 from tests.conftest import Caller, run_cli
 
-RECIPE = Recipe(eval_fraction=0.3, replay_fraction=0.0)
+RECIPE = DatasetRecipe(eval_fraction=0.3, replay_fraction=0.0)
 VOCABULARY = [
     f"{a}{b}" for a in ("ka", "lo", "mi", "nu", "pe", "ra", "si", "tu") for b in "aeiouxyz"
 ]
@@ -67,7 +67,7 @@ def store(
 
 
 def build(
-    sessions: sessionmaker[Session], caller: Caller, domain: uuid.UUID, recipe: Recipe
+    sessions: sessionmaker[Session], caller: Caller, domain: uuid.UUID, recipe: DatasetRecipe
 ) -> Built:
     with unit_of_work(sessions) as session:
         return build_dataset_version(
@@ -103,11 +103,11 @@ def test_a_mixed_build_takes_only_the_other_domains_train_items(
     store(sessions, acme, billing, "ticket", 20)
     store(sessions, acme, support, "ticket", 60)
     with pytest.raises(InvalidInput, match="before it has a dataset version"):
-        build(sessions, acme, billing, Recipe(mix={"support": 1.0}))
+        build(sessions, acme, billing, DatasetRecipe(mix={"support": 1.0}))
     theirs = split_items(sessions, build(sessions, acme, support, RECIPE).version.id)
 
-    whole = build(sessions, acme, billing, Recipe(eval_fraction=0.3, mix={"support": 1.0}))
-    half = build(sessions, acme, billing, Recipe(eval_fraction=0.3, mix={"support": 0.5}))
+    whole = build(sessions, acme, billing, DatasetRecipe(eval_fraction=0.3, mix={"support": 1.0}))
+    half = build(sessions, acme, billing, DatasetRecipe(eval_fraction=0.3, mix={"support": 0.5}))
 
     mixed = split_items(sessions, whole.version.id)
     from_support = set(mixed["train"]) & items_of(sessions, support)
@@ -120,7 +120,7 @@ def test_a_mixed_build_takes_only_the_other_domains_train_items(
     share = set(split_items(sessions, half.version.id)["train"]) & items_of(sessions, support)
     assert share < from_support
     # the same mix again, with nothing new, is the same version
-    again = build(sessions, acme, billing, Recipe(eval_fraction=0.3, mix={"support": 0.5}))
+    again = build(sessions, acme, billing, DatasetRecipe(eval_fraction=0.3, mix={"support": 0.5}))
     assert not again.is_new
     assert again.version.id == half.version.id
 
@@ -138,10 +138,10 @@ def test_source_weights_scale_and_drop_train_items(
     }
 
     halved = build(
-        sessions, acme, billing, Recipe(replay_fraction=1.0, source_weights={"ticket": 0.5})
+        sessions, acme, billing, DatasetRecipe(replay_fraction=1.0, source_weights={"ticket": 0.5})
     )
     dropped = build(
-        sessions, acme, billing, Recipe(replay_fraction=1.0, source_weights={"ticket": 0.0})
+        sessions, acme, billing, DatasetRecipe(replay_fraction=1.0, source_weights={"ticket": 0.0})
     )
 
     weights = split_items(sessions, halved.version.id)["train"]

@@ -13,7 +13,7 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import ITEM_COLUMNS
-from flywheel.datasets.service import Recipe, build_dataset_version
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work
 from flywheel.models import (
     DatasetMember,
@@ -31,7 +31,7 @@ from flywheel.signals.store import store_candidates
 from tests.conftest import Caller, run_cli
 from tests.integration.test_compile import OTHER, Feedback
 
-ALL_TRAIN = Recipe(eval_fraction=0.0, replay_fraction=0.0)
+ALL_TRAIN = DatasetRecipe(eval_fraction=0.0, replay_fraction=0.0)
 SECRET_FIX = "The card fee is 2% and never more, says the corrector."
 
 

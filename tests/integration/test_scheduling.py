@@ -29,7 +29,7 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel import migrate
-from flywheel.datasets.service import Recipe, build_dataset_version
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import make_engine, make_session_factory, unit_of_work, utcnow
 from flywheel.errors import Conflict, InvalidState
 from flywheel.models import (
@@ -212,7 +212,7 @@ def make_champion(sessions: sessionmaker[Session], caller: Caller) -> None:
     with unit_of_work(sessions) as session:
         domain = _domain(session, caller)
         built = build_dataset_version(
-            session=session, tenant_id=caller.tenant_id, domain_id=domain.id, recipe=Recipe()
+            session=session, tenant_id=caller.tenant_id, domain_id=domain.id, recipe=DatasetRecipe()
         )
         run = TrainingRun(
             tenant_id=caller.tenant_id,
@@ -304,9 +304,9 @@ def test_a_sqlalchemy_url_becomes_a_libpq_conninfo() -> None:
 def test_a_bad_scheduler_cron_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("FLYWHEEL_SCHEDULER_TICK_CRON", "every minute")
     with pytest.raises(ValidationError, match="not a cron expression"):
-        jobs.SchedulerSettings()
+        Settings()
     monkeypatch.setenv("FLYWHEEL_SCHEDULER_TICK_CRON", "* * * * * */2")  # seconds: allowed
-    assert jobs.SchedulerSettings().scheduler_tick_cron == "* * * * * */2"
+    assert Settings().scheduler_tick_cron == "* * * * * */2"
 
 
 def test_runs_list_show_and_cancel_from_the_cli(
