@@ -13,7 +13,7 @@ from api.database import in_transaction
 from api.feedback import ERRORS
 from api.run_schemas import RunCreate, RunList, RunRead, RunStatus
 from flywheel.feedback.values import Name
-from flywheel.registry.models import TrainingRun
+from flywheel.registry.models import Run
 from flywheel.scheduling import jobs, runs
 from flywheel.tenancy.models import Domain
 from flywheel.tenancy.service import Principal, Scope
@@ -92,7 +92,7 @@ def _cancel(*, session: Session, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run
     return _run_read(session, jobs.cancel_run(session, tenant_id=tenant_id, run_id=run_id))
 
 
-def _run_read(session: Session, run: TrainingRun) -> RunRead:
+def _run_read(session: Session, run: Run) -> RunRead:
     return RunRead(
         id=run.id,
         domain=session.get_one(Domain, run.domain_id).name,

@@ -2,5 +2,4 @@
 
 A pure trainer: reads a frozen dataset export and a config, writes an adapter and MLflow
 metrics. Imports `flywheel.sandbox` and `flywheel.settings` only — never the database.
-Built in the training issue.
 """

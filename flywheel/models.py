@@ -3,7 +3,7 @@
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.db import Base
 from flywheel.feedback.models import FeedbackEvent, Interaction
-from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
+from flywheel.registry.models import ModelVersion, PromotionEvent, Run
 from flywheel.scheduling.models import ScheduledCycle
 from flywheel.signals.models import (
     ForgetRequest,
@@ -30,9 +30,9 @@ __all__ = [
     "ModelVersion",
     "PreferencePair",
     "PromotionEvent",
+    "Run",
     "ScheduledCycle",
     "SftExample",
     "Tenant",
-    "TrainingRun",
     "VerifiableTask",
 ]

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 
 from flywheel.cli.common import JsonOption, database_session, emit, resolve_tenant_id
 from flywheel.errors import InvalidInput
-from flywheel.registry.models import RUN_STATUSES, TrainingRun
+from flywheel.registry.models import RUN_STATUSES, Run
 from flywheel.scheduling import jobs
 from flywheel.scheduling import runs as service
 from flywheel.tenancy.models import Domain
@@ -99,7 +99,7 @@ def cancel(
     emit(data, as_json=as_json, text=text)
 
 
-def run_json(run: TrainingRun, domain: str) -> dict[str, Any]:
+def run_json(run: Run, domain: str) -> dict[str, Any]:
     def when(value: Any) -> str | None:
         return value.isoformat() if value is not None else None
 

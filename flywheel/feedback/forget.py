@@ -36,7 +36,7 @@ from flywheel.datasets.service import KINDS
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput
 from flywheel.feedback.models import FeedbackEvent, Interaction
-from flywheel.registry.models import ModelVersion, TrainingRun
+from flywheel.registry.models import ModelVersion, Run
 from flywheel.signals.compile import event_prompts, group_key_of, recompile_prompts
 from flywheel.signals.dedup import link_near_duplicates
 from flywheel.signals.models import (
@@ -225,8 +225,8 @@ def _taint(session: Session, report: ForgetReport) -> None:
         )
         models = session.scalars(
             select(ModelVersion.id)
-            .join(TrainingRun, TrainingRun.id == ModelVersion.training_run_id)
-            .where(TrainingRun.dataset_version_id.in_(chunk))
+            .join(Run, Run.id == ModelVersion.training_run_id)
+            .where(Run.dataset_version_id.in_(chunk))
         )
         report.model_version_ids += models
     report.model_version_ids = sorted(set(report.model_version_ids))

@@ -1,1 +1,1 @@
-"""Training runs, model versions and the audit trail of alias moves."""
+"""Runs (cycles and trainings), model versions and the audit trail of alias moves."""

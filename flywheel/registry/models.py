@@ -1,4 +1,4 @@
-"""Training runs, registered model versions and append-only promotion events."""
+"""Runs (cycles and trainings), registered model versions and append-only promotion events."""
 
 from __future__ import annotations
 
@@ -15,10 +15,14 @@ RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "skippe
 ACTIVE_CYCLE = "method = 'cycle' AND status = 'running'"
 
 
-class TrainingRun(IdMixin, Base):
-    """One training (or whole cycle) of a domain on one dataset version."""
+class Run(IdMixin, Base):
+    """A run of a domain: a cycle (method 'cycle': compile, build, train, evaluate, promote,
+    its steps recorded in `steps`) or one training (sft/dpo/grpo) on one dataset version.
 
-    __tablename__ = "training_runs"
+    The columns that point at a run keep the name `training_run_id` (model_versions,
+    scheduled_cycles): it is also the field name of the API's, the CLI's and MLflow's records."""
+
+    __tablename__ = "runs"
     __table_args__ = (
         CheckConstraint("method IN ('sft', 'dpo', 'grpo', 'cycle')", name="method"),
         CheckConstraint(
@@ -28,7 +32,7 @@ class TrainingRun(IdMixin, Base):
         Index(None, "domain_id", "created_at"),
         # One running cycle per domain, whichever process (worker or `flywheel cycle`) runs it.
         Index(
-            "uq_training_runs_running_cycle",
+            "uq_runs_running_cycle",
             "domain_id",
             unique=True,
             postgresql_where=text(ACTIVE_CYCLE),
@@ -68,7 +72,7 @@ class ModelVersion(IdMixin, Base):
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
     training_run_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("training_runs.id", ondelete="RESTRICT")
+        ForeignKey("runs.id", ondelete="RESTRICT")
     )
     registered_model: Mapped[str] = mapped_column(String(255))
     version: Mapped[str] = mapped_column(String(32))

@@ -24,7 +24,7 @@ from sqlalchemy.orm import Session
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, NotFound
 from flywheel.registry.mlflow_registry import Registry
-from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
+from flywheel.registry.models import ModelVersion, PromotionEvent, Run
 from flywheel.tenancy.models import Domain, Tenant
 from flywheel.tenancy.service import get_domain
 
@@ -42,7 +42,7 @@ def register_version(
     *,
     session: Session,
     registry: Registry,
-    run: TrainingRun,
+    run: Run,
     adapter_uri: str,
     base_model: str,
     extra_tags: dict[str, str] | None = None,

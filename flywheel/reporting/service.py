@@ -4,7 +4,7 @@
     html = render_html(report)
     write_report(sessions, tenant_id=..., domain="billing", settings=settings, out=path)
 
-The database gives the dataset versions, training runs (a cycle's per-step timings), model
+The database gives the dataset versions, runs (a cycle's per-step timings), model
 versions with their held-out evaluation and gate decision, and the promotion audit trail;
 MLflow gives each training run's loss and reward curves. A run whose metrics MLflow cannot
 give (unknown run id, store down) is reported as "metrics unavailable": the rest stands.
@@ -26,7 +26,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from flywheel.datasets.models import DatasetVersion
 from flywheel.db import utcnow
 from flywheel.evaluation.service import PRIMARY_ORDER
-from flywheel.registry.models import ModelVersion, PromotionEvent, TrainingRun
+from flywheel.registry.models import ModelVersion, PromotionEvent, Run
 from flywheel.registry.service import (
     current_champion,
     latest_champion_event,
@@ -73,9 +73,7 @@ def gather_report(
         key=lambda row: (_version_key(row.version), row.created_at),
     )
     runs = session.scalars(
-        select(TrainingRun)
-        .where(TrainingRun.domain_id == found.id)
-        .order_by(TrainingRun.created_at, TrainingRun.id)
+        select(Run).where(Run.domain_id == found.id).order_by(Run.created_at, Run.id)
     ).all()
     events = session.scalars(
         select(PromotionEvent)
@@ -146,7 +144,7 @@ def _dataset_row(row: DatasetVersion) -> DatasetRow:
 
 
 def _run_row(
-    run: TrainingRun,
+    run: Run,
     dataset_numbers: Mapping[uuid.UUID, int],
     made_by: Mapping[uuid.UUID, str],
     reader: MetricReader,

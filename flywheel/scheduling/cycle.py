@@ -12,7 +12,7 @@
 - evaluate: the candidate against the champion (or the base) on the frozen eval split; gate.
 - promote: when the gate passed (and `auto_promote`), the candidate becomes the champion.
 
-Every step's status, start, end, duration and result are kept on the cycle's TrainingRun, as
+Every step's status, start, end, duration and result are kept on the cycle's Run, as
 each finishes. A cycle that crashed, was killed or failed resumes at its first unfinished step
 (`flywheel cycle` again, or the worker's retried job); the steps before it are not redone.
 A running cycle beats a heartbeat and checks for cancellation between and during steps.
@@ -41,7 +41,7 @@ from flywheel.errors import FlywheelError, InvalidState
 from flywheel.evaluation.service import EvalRequest, evaluate_version
 from flywheel.observability import cycle_metrics
 from flywheel.registry.mlflow_registry import MlflowRegistry
-from flywheel.registry.models import TrainingRun
+from flywheel.registry.models import Run
 from flywheel.registry.service import promote_version
 from flywheel.scheduling.config import CycleSettings, Method, cycle_settings
 from flywheel.scheduling.runs import claim_run
@@ -109,7 +109,7 @@ def run_cycle(
     with cycle.heartbeat():
         status, error = cycle.run()
     with unit_of_work(sessions) as session:
-        row = session.get_one(TrainingRun, run.id)
+        row = session.get_one(Run, run.id)
         row.status, row.error, row.finished_at = status, error, utcnow()
         steps = in_order(row.steps)
     cycle_metrics().cycles.labels(event=status).inc()
@@ -118,7 +118,7 @@ def run_cycle(
 
 
 def _finished(session: Session, request: CycleRequest) -> CycleOutcome | None:
-    run = session.get(TrainingRun, request.run_id)
+    run = session.get(Run, request.run_id)
     if (
         run is not None
         and run.tenant_id == request.tenant_id
@@ -218,7 +218,7 @@ class _Cycle:
     def done(self, name: str) -> dict[str, Any] | None:
         """A step's result if an earlier attempt of this run finished it."""
         with self.sessions() as session:
-            entry = session.get_one(TrainingRun, self.run_id).steps.get(name)
+            entry = session.get_one(Run, self.run_id).steps.get(name)
         if isinstance(entry, dict) and entry.get("status") == "succeeded":
             result: dict[str, Any] = entry.get("result") or {}
             return result
@@ -226,7 +226,7 @@ class _Cycle:
 
     def record(self, name: str, entry: dict[str, Any]) -> None:
         with unit_of_work(self.sessions) as session:
-            run = session.get_one(TrainingRun, self.run_id)
+            run = session.get_one(Run, self.run_id)
             run.steps = {**run.steps, name: entry}  # a new dict: JSON columns track assignment
             if name == "build" and entry.get("status") == "succeeded":
                 run.dataset_version_id = uuid.UUID(entry["result"]["dataset_version_id"])
@@ -248,7 +248,7 @@ class _Cycle:
         def beat() -> None:
             while not finished.wait(self.settings.cycle_heartbeat_s):
                 with unit_of_work(self.sessions) as session:
-                    run = session.get_one(TrainingRun, self.run_id)
+                    run = session.get_one(Run, self.run_id)
                     run.heartbeat_at = utcnow()
                     if run.cancel_requested_at is not None:
                         self.stop.set()
@@ -282,11 +282,11 @@ class _Cycle:
                       "is_new": built.is_new, "train": version.stats.get("train", {}),
                       "eval": version.stats.get("eval", {})}  # fmt: skip
             before = session.scalars(
-                select(TrainingRun).where(
-                    TrainingRun.method == "cycle",
-                    TrainingRun.status == "succeeded",
-                    TrainingRun.dataset_version_id == version.id,
-                    TrainingRun.id != self.run_id,
+                select(Run).where(
+                    Run.method == "cycle",
+                    Run.status == "succeeded",
+                    Run.dataset_version_id == version.id,
+                    Run.id != self.run_id,
                 )
             ).first()
         if before is not None:

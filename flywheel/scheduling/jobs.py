@@ -36,7 +36,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import make_engine, make_session_factory, unit_of_work, utcnow
 from flywheel.errors import Conflict, FlywheelError, InvalidState
-from flywheel.registry.models import TrainingRun
+from flywheel.registry.models import Run
 from flywheel.scheduling import schedule
 from flywheel.scheduling.cycle import CycleRequest, run_cycle
 from flywheel.scheduling.runs import queue_cycle, request_cancel
@@ -150,16 +150,14 @@ def defer_cycle(
     tenant_id: uuid.UUID,
     domain: str,
     trigger: str,
-) -> TrainingRun:
+) -> Run:
     """Queue a cycle of `domain` and its job, in one transaction (see `queue_and_defer`)."""
     job_conninfo(settings.resolved_database_url)  # refuse SQLite before anything is written
     with unit_of_work(sessions) as session:
         return queue_and_defer(session, tenant_id=tenant_id, domain=domain, trigger=trigger)
 
 
-def queue_and_defer(
-    session: Session, *, tenant_id: uuid.UUID, domain: str, trigger: str
-) -> TrainingRun:
+def queue_and_defer(session: Session, *, tenant_id: uuid.UUID, domain: str, trigger: str) -> Run:
     """A queued cycle run with its job deferred and `job_id` set, in the session's transaction.
     Conflict when one already waits; InvalidState on SQLite (no workers there)."""
     _psycopg_connection(session)
@@ -169,7 +167,7 @@ def queue_and_defer(
     return run
 
 
-def defer_cycle_job(session: Session, run: TrainingRun) -> int:
+def defer_cycle_job(session: Session, run: Run) -> int:
     """Defer `run`'s job on the session's own connection: it commits or rolls back with it."""
     deferrer = _sync_jobs().configure_task(
         CYCLE_TASK,
@@ -188,7 +186,7 @@ def defer_cycle_job(session: Session, run: TrainingRun) -> int:
         raise
 
 
-def cancel_run(session: Session, *, tenant_id: uuid.UUID, run_id: uuid.UUID) -> TrainingRun:
+def cancel_run(session: Session, *, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run:
     """Cancel a run (`request_cancel`); a queued cycle's job is cancelled too if no worker has
     taken it yet (a taken one finds its run cancelled and ends at once)."""
     run = request_cancel(session, tenant_id=tenant_id, run_id=run_id)
@@ -251,7 +249,7 @@ def carry_out(
     error before it started, `failed`: a run never stays queued with no job behind it. (A run
     that started and then crashed stays `running` until stale, and is resumed.)"""
     with sessions() as session:
-        run = session.get(TrainingRun, run_id)
+        run = session.get(Run, run_id)
         if run is None:
             log.warning("cycle job for a run that does not exist", extra={"run_id": str(run_id)})
             return {"run_id": str(run_id), "status": "missing"}
@@ -282,8 +280,8 @@ def end_run(
     open_statuses = ("queued",) if unless_started else ("queued", "running")
     with unit_of_work(sessions) as session:
         session.execute(
-            update(TrainingRun)
-            .where(TrainingRun.id == run_id, TrainingRun.status.in_(open_statuses))
+            update(Run)
+            .where(Run.id == run_id, Run.status.in_(open_statuses))
             .values(status=status, error=error, finished_at=utcnow())
         )
 

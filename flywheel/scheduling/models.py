@@ -27,5 +27,5 @@ class ScheduledCycle(IdMixin, Base):
     decision: Mapped[str] = mapped_column(String(16))
     reason: Mapped[str] = mapped_column(Text, default="")
     training_run_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("training_runs.id", ondelete="SET NULL")
+        ForeignKey("runs.id", ondelete="SET NULL")
     )

@@ -1,6 +1,6 @@
 """Cycle runs as rows: queue one, claim one to run (or resume), cancel one, list them.
 
-A cycle is a `TrainingRun` with method `cycle`; its `steps` hold each step's status, timings
+A cycle is a `Run` with method `cycle`; its `steps` hold each step's status, timings
 and result. At most one cycle of a domain runs at a time, whoever runs it (a worker or
 `flywheel cycle`): a partial unique index on running cycles decides, and a running cycle whose
 heartbeat is older than `cycle_stale_after_s` is presumed dead and may be taken over.
@@ -20,7 +20,7 @@ from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.service import KINDS
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, InvalidState, NotFound
-from flywheel.registry.models import TrainingRun
+from flywheel.registry.models import Run
 from flywheel.registry.service import current_champion
 from flywheel.tenancy.models import Domain
 from flywheel.tenancy.service import get_domain
@@ -29,12 +29,10 @@ FINISHED = ("succeeded", "failed", "cancelled", "skipped")
 NO_CONFIG = hashlib.sha256(b"{}").hexdigest()
 
 
-def queue_cycle(
-    session: Session, *, tenant_id: uuid.UUID, domain: str, trigger: str
-) -> TrainingRun:
+def queue_cycle(session: Session, *, tenant_id: uuid.UUID, domain: str, trigger: str) -> Run:
     """A queued cycle run; Conflict when the domain already has one waiting."""
     found = get_domain(session, tenant_id, domain)
-    waiting = session.scalars(_cycles(found.id).where(TrainingRun.status == "queued")).first()
+    waiting = session.scalars(_cycles(found.id).where(Run.status == "queued")).first()
     if waiting is not None:
         raise Conflict(f"a cycle of {domain} is already queued (run {waiting.id})")
     run = _new_run(found, trigger, status="queued")
@@ -50,11 +48,11 @@ def claim_run(
     trigger: str,
     run_id: uuid.UUID | None,
     stale_after_s: float,
-) -> TrainingRun:
+) -> Run:
     """The run to carry out now, marked running: the given one (a worker's job, perhaps
     retried after its worker died), else the domain's interrupted cycle (resumed at its failed
     step), else a new one. Conflict while another live cycle of the domain runs."""
-    running = session.scalars(_cycles(domain.id).where(TrainingRun.status == "running")).first()
+    running = session.scalars(_cycles(domain.id).where(Run.status == "running")).first()
     if run_id is not None:
         run = _own_run(session, domain.tenant_id, run_id)
         if run.status == "running" and not _is_stale(run, stale_after_s):
@@ -82,7 +80,7 @@ def claim_run(
     return run
 
 
-def request_cancel(session: Session, *, tenant_id: uuid.UUID, run_id: uuid.UUID) -> TrainingRun:
+def request_cancel(session: Session, *, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run:
     """Queued: cancelled at once. Running: asked to stop (it checks every heartbeat, and a
     training subprocess gets a SIGTERM, checkpoints and exits)."""
     run = _own_run(session, tenant_id, run_id)
@@ -102,17 +100,17 @@ def list_runs(
     domain: str | None = None,
     status: str | None = None,
     limit: int = 50,
-) -> list[TrainingRun]:
+) -> list[Run]:
     """The tenant's runs (cycles and trainings), newest first."""
-    query = select(TrainingRun).where(TrainingRun.tenant_id == tenant_id)
+    query = select(Run).where(Run.tenant_id == tenant_id)
     if domain is not None:
-        query = query.where(TrainingRun.domain_id == get_domain(session, tenant_id, domain).id)
+        query = query.where(Run.domain_id == get_domain(session, tenant_id, domain).id)
     if status is not None:
-        query = query.where(TrainingRun.status == status)
-    return list(session.scalars(query.order_by(TrainingRun.created_at.desc()).limit(limit)))
+        query = query.where(Run.status == status)
+    return list(session.scalars(query.order_by(Run.created_at.desc()).limit(limit)))
 
 
-def get_run(session: Session, *, tenant_id: uuid.UUID, run_id: uuid.UUID) -> TrainingRun:
+def get_run(session: Session, *, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run:
     return _own_run(session, tenant_id, run_id)
 
 
@@ -136,21 +134,21 @@ def _champion_data_time(session: Session, domain: Domain) -> datetime | None:
         return None
     return session.scalar(
         select(DatasetVersion.created_at)
-        .join(TrainingRun, TrainingRun.dataset_version_id == DatasetVersion.id)
-        .where(TrainingRun.id == champion.training_run_id)
+        .join(Run, Run.dataset_version_id == DatasetVersion.id)
+        .where(Run.id == champion.training_run_id)
     )
 
 
-def _cycles(domain_id: uuid.UUID) -> Select[TrainingRun]:
+def _cycles(domain_id: uuid.UUID) -> Select[Run]:
     return (
-        select(TrainingRun)
-        .where(TrainingRun.domain_id == domain_id, TrainingRun.method == "cycle")
-        .order_by(TrainingRun.created_at.desc())
+        select(Run)
+        .where(Run.domain_id == domain_id, Run.method == "cycle")
+        .order_by(Run.created_at.desc())
     )
 
 
-def _new_run(domain: Domain, trigger: str, status: str = "running") -> TrainingRun:
-    return TrainingRun(
+def _new_run(domain: Domain, trigger: str, status: str = "running") -> Run:
+    return Run(
         tenant_id=domain.tenant_id,
         domain_id=domain.id,
         method="cycle",
@@ -161,26 +159,24 @@ def _new_run(domain: Domain, trigger: str, status: str = "running") -> TrainingR
     )
 
 
-def _own_run(session: Session, tenant_id: uuid.UUID, run_id: uuid.UUID) -> TrainingRun:
-    run = session.get(TrainingRun, run_id)
+def _own_run(session: Session, tenant_id: uuid.UUID, run_id: uuid.UUID) -> Run:
+    run = session.get(Run, run_id)
     if run is None or run.tenant_id != tenant_id:
         raise NotFound(f"run {run_id} not found")
     return run
 
 
-def _interrupted(
-    session: Session, domain_id: uuid.UUID, stale_after_s: float
-) -> TrainingRun | None:
+def _interrupted(session: Session, domain_id: uuid.UUID, stale_after_s: float) -> Run | None:
     """The domain's latest cycle if it did not finish: failed, or running but dead."""
     latest = session.scalars(
-        _cycles(domain_id).where(TrainingRun.status.in_(("failed", "running")))
+        _cycles(domain_id).where(Run.status.in_(("failed", "running")))
     ).first()
     if latest is None:
         return None
     newer_done = session.scalars(
         _cycles(domain_id).where(
-            TrainingRun.status.in_(("succeeded", "skipped", "cancelled")),
-            TrainingRun.created_at > latest.created_at,
+            Run.status.in_(("succeeded", "skipped", "cancelled")),
+            Run.created_at > latest.created_at,
         )
     ).first()
     if newer_done is not None:
@@ -190,6 +186,6 @@ def _interrupted(
     return latest
 
 
-def _is_stale(run: TrainingRun, stale_after_s: float) -> bool:
+def _is_stale(run: Run, stale_after_s: float) -> bool:
     beat = run.heartbeat_at or run.started_at or run.created_at
     return utcnow() - beat > timedelta(seconds=stale_after_s)

@@ -29,7 +29,7 @@ from sqlalchemy.orm import Session
 
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, FlywheelError
-from flywheel.registry.models import TrainingRun
+from flywheel.registry.models import Run
 from flywheel.registry.service import current_champion
 from flywheel.scheduling.config import cycle_settings
 from flywheel.scheduling.models import ScheduledCycle
@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 class Deferrer(Protocol):
     """Hands a queued cycle run to the job queue inside the caller's transaction; the job id."""
 
-    def __call__(self, session: Session, run: TrainingRun) -> int: ...
+    def __call__(self, session: Session, run: Run) -> int: ...
 
 
 @dataclass(frozen=True)

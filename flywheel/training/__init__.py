@@ -1,2 +1,2 @@
 """Launching training: a dataset version exported to files, `python -m finetune` (or
-`accelerate launch`) as a subprocess, and a `TrainingRun` row that says how it went."""
+`accelerate launch`) as a subprocess, and a `Run` row that says how it went."""

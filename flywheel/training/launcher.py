@@ -35,7 +35,7 @@ from flywheel.datasets.reader import export_dataset_version, refuse_tainted
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.registry.mlflow_registry import MlflowRegistry
-from flywheel.registry.models import TrainingRun
+from flywheel.registry.models import Run
 from flywheel.registry.service import register_version
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain
@@ -106,7 +106,7 @@ def train(
     status = "succeeded" if code == 0 else "cancelled" if stopped else "failed"
     adapter_uri = (outcome or {}).get("adapter_uri")
     with unit_of_work(sessions) as session:
-        row = session.get_one(TrainingRun, run.id)
+        row = session.get_one(Run, run.id)
         row.status = status
         row.finished_at = utcnow()
         row.mlflow_run_id = (outcome or {}).get("mlflow_run_id")
@@ -117,7 +117,7 @@ def train(
             registered = register_version(
                 session=session,
                 registry=MlflowRegistry(settings.resolved_mlflow_tracking_uri),
-                run=session.get_one(TrainingRun, run.id),
+                run=session.get_one(Run, run.id),
                 adapter_uri=adapter_uri,
                 base_model=str(base),
             )
@@ -171,9 +171,7 @@ def _base(request: TrainRequest, domain: Domain, settings: Settings) -> Path:
     return base.resolve()
 
 
-def _start_run(
-    session: Session, request: TrainRequest, version: DatasetVersion, base: Path
-) -> TrainingRun:
+def _start_run(session: Session, request: TrainRequest, version: DatasetVersion, base: Path) -> Run:
     config: dict[str, Any] = {
         "base": str(base),
         "config_file": str(request.config) if request.config else None,
@@ -181,7 +179,7 @@ def _start_run(
         "overrides": list(request.overrides),
         "gpus": request.gpus,
     }
-    run = TrainingRun(
+    run = Run(
         tenant_id=version.tenant_id,
         domain_id=version.domain_id,
         dataset_version_id=version.id,

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.app import create_app
 from flywheel import migrate
 from flywheel.db import make_engine, make_session_factory, unit_of_work
-from flywheel.models import TrainingRun
+from flywheel.models import Run
 from flywheel.scheduling import jobs
 from flywheel.scheduling.runs import queue_cycle
 from flywheel.settings import Settings
@@ -39,7 +39,7 @@ def test_the_caller_sees_its_own_runs_only(
     mine = queued(sessions, acme)
     theirs = queued(sessions, globex)
     with unit_of_work(sessions) as session:  # an older, finished one
-        session.execute(update(TrainingRun).where(TrainingRun.id == mine).values(status="failed"))
+        session.execute(update(Run).where(Run.id == mine).values(status="failed"))
     newer = queued(sessions, acme)
 
     listed = client.get("/v1/runs", headers=acme.headers)
@@ -95,7 +95,7 @@ def test_bad_input_is_422_and_writes_nothing(
     assert response.status_code == 422, response.text
     assert response.json()["error"]["code"] == "invalid_input"
     with sessions() as session:
-        assert session.scalars(select(TrainingRun)).all() == []
+        assert session.scalars(select(Run)).all() == []
 
 
 def test_reading_needs_a_key_and_queueing_or_cancelling_needs_models_write(
@@ -121,9 +121,7 @@ def test_cancelling_a_queued_run_ends_it_and_a_running_one_asks_it_to_stop(
     again = client.post(f"/v1/runs/{waiting}/cancel", headers=caller.headers)
     running = queued(sessions, caller)
     with unit_of_work(sessions) as session:
-        session.execute(
-            update(TrainingRun).where(TrainingRun.id == running).values(status="running")
-        )
+        session.execute(update(Run).where(Run.id == running).values(status="running"))
     asked = client.post(f"/v1/runs/{running}/cancel", headers=caller.headers)
     stranger = make_caller(sessions, tenant="globex", scopes=SCOPES)
     not_theirs = client.post(f"/v1/runs/{running}/cancel", headers=stranger.headers)
@@ -137,7 +135,7 @@ def test_cancelling_a_queued_run_ends_it_and_a_running_one_asks_it_to_stop(
     assert asked.json()["cancel_requested_at"] is not None
     assert not_theirs.status_code == 404
     with sessions() as session:
-        assert session.get_one(TrainingRun, running).cancel_requested_at is not None
+        assert session.get_one(Run, running).cancel_requested_at is not None
 
 
 @pytest.fixture
@@ -172,7 +170,7 @@ def test_post_queues_a_cycle_with_its_job_and_refuses_a_second(
     assert "already queued" in second.json()["error"]["message"]
     assert unknown.status_code == 404
     with sessions() as session:
-        [run] = session.scalars(select(TrainingRun)).all()
+        [run] = session.scalars(select(Run)).all()
     assert str(run.id) == body["id"]
     assert job_statuses(sessions) == [(run.job_id, "todo")]
 
@@ -193,7 +191,7 @@ def test_the_embedded_database_refuses_to_queue_with_a_clear_message(tmp_path: P
         with TestClient(create_app(settings)) as client:
             response = client.post("/v1/runs", json={"domain": "billing"}, headers=caller.headers)
         with sessions() as session:
-            assert session.scalars(select(TrainingRun)).all() == []
+            assert session.scalars(select(Run)).all() == []
     finally:
         engine.dispose()
 

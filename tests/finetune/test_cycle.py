@@ -18,7 +18,7 @@ from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import unit_of_work, utcnow
-from flywheel.models import Domain, ModelVersion, PromotionEvent, TrainingRun
+from flywheel.models import Domain, ModelVersion, PromotionEvent, Run
 from flywheel.scheduling.cycle import CycleRequest, run_cycle
 from flywheel.scheduling.runs import request_cancel
 from flywheel.settings import Settings
@@ -50,10 +50,10 @@ def configure(
         session.execute(update(Domain).values(config=config))
 
 
-def cycles(sessions: sessionmaker[Session]) -> list[TrainingRun]:
+def cycles(sessions: sessionmaker[Session]) -> list[Run]:
     with sessions() as session:
-        query = select(TrainingRun).where(TrainingRun.method == "cycle")
-        return list(session.scalars(query.order_by(TrainingRun.created_at)))
+        query = select(Run).where(Run.method == "cycle")
+        return list(session.scalars(query.order_by(Run.created_at)))
 
 
 def count(sessions: sessionmaker[Session], model: Any, *where: Any) -> int:
@@ -106,7 +106,7 @@ def test_a_cycle_runs_every_step_records_it_and_a_rerun_does_nothing(
     assert again["status"] == "skipped"
     assert "already cycled" in again["error"]
     assert list(again["steps"]) == ["compile", "build"]
-    assert count(sessions, TrainingRun, TrainingRun.method == "sft") == 1
+    assert count(sessions, Run, Run.method == "sft") == 1
     assert count(sessions, ModelVersion) == 1
 
 
@@ -138,7 +138,7 @@ def test_a_failed_cycle_resumes_at_the_step_that_failed(
     [resumed] = cycles(sessions)
     assert resumed.status == "succeeded"
     assert resumed.steps["train_sft"]["finished_at"] == trained_at  # not trained again
-    assert count(sessions, TrainingRun, TrainingRun.method == "sft") == 1
+    assert count(sessions, Run, Run.method == "sft") == 1
     assert resumed.steps["evaluate"]["status"] == "succeeded"
     assert "train_sft: done in an earlier attempt" in err
 
@@ -154,7 +154,7 @@ def test_one_running_cycle_per_domain(
     configure(sessions, plain_base)
     with unit_of_work(sessions) as session:
         domain = session.scalars(select(Domain)).one()
-        alive = TrainingRun(
+        alive = Run(
             tenant_id=domain.tenant_id, domain_id=domain.id, method="cycle", config={},
             config_sha256="0" * 64, status="running", started_at=utcnow(), heartbeat_at=utcnow(),
         )  # fmt: skip
@@ -168,7 +168,7 @@ def test_one_running_cycle_per_domain(
 
     # its process died: no heartbeat for longer than cycle_stale_after_s -> taken over
     with unit_of_work(sessions) as session:
-        session.execute(update(TrainingRun).values(heartbeat_at=utcnow() - timedelta(hours=1)))
+        session.execute(update(Run).values(heartbeat_at=utcnow() - timedelta(hours=1)))
     code, out, err = run_cli(capsys, "cycle", "--domain", "billing", "--json")
 
     assert code == 0, err
@@ -196,10 +196,7 @@ def test_cancelling_a_running_cycle_stops_its_training(
     deadline = time.monotonic() + 120
     while (
         time.monotonic() < deadline
-        and count(
-            sessions, TrainingRun, TrainingRun.method == "sft", TrainingRun.status == "running"
-        )
-        == 0
+        and count(sessions, Run, Run.method == "sft", Run.status == "running") == 0
     ):
         time.sleep(0.2)
     [run] = cycles(sessions)
@@ -213,7 +210,7 @@ def test_cancelling_a_running_cycle_stops_its_training(
     assert run.status == "cancelled"
     assert run.steps["train_sft"]["status"] == "cancelled"
     with sessions() as session:
-        training = session.scalars(select(TrainingRun).where(TrainingRun.method == "sft")).one()
+        training = session.scalars(select(Run).where(Run.method == "sft")).one()
     assert training.status == "cancelled"  # SIGTERMed: checkpointed and stopped
 
 

@@ -16,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from finetune import synthetic
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work, utcnow
-from flywheel.models import DatasetVersion, Domain, ModelVersion, TrainingRun
+from flywheel.models import DatasetVersion, Domain, ModelVersion, Run
 from flywheel.signals.candidates import PairCandidate, Provenance, SftCandidate
 from flywheel.signals.store import store_candidates
 from tests.conftest import Caller, run_cli
@@ -84,7 +84,7 @@ def test_train_runs_the_recipe_on_a_version_and_records_the_run(
     assert code == 0, err
     result = json.loads(out)
     with on_test_database() as session:
-        run = session.scalars(select(TrainingRun)).one()
+        run = session.scalars(select(Run)).one()
     assert (run.status, run.method, run.dataset_version_id) == ("succeeded", method, version.id)
     assert run.mlflow_run_id == result["mlflow_run_id"]
     assert run.finished_at is not None
@@ -121,7 +121,7 @@ def test_a_failing_trainer_is_a_failed_run_with_its_reason(
     assert code != 0
     assert "unknown config key 'lora.rank'" in err.strip().splitlines()[-1]
     with on_test_database() as session:
-        run = session.scalars(select(TrainingRun)).one()
+        run = session.scalars(select(Run)).one()
     assert run.status == "failed"
     assert run.error == "unknown config key 'lora.rank'"
 
@@ -159,4 +159,4 @@ def test_bad_requests_are_refused_before_anything_runs(
     assert message in err
     assert len(err.strip().splitlines()) == 1
     with on_test_database() as session:
-        assert session.scalars(select(TrainingRun)).all() == []
+        assert session.scalars(select(Run)).all() == []

@@ -23,8 +23,8 @@ from flywheel.models import (
     LabeledCompletion,
     ModelVersion,
     PreferencePair,
+    Run,
     SftExample,
-    TrainingRun,
 )
 from flywheel.signals.candidates import Provenance, SftCandidate
 from flywheel.signals.store import store_candidates
@@ -49,7 +49,7 @@ def build(sessions: sessionmaker[Session], feedback: Feedback) -> DatasetVersion
 def train_on(sessions: sessionmaker[Session], version: DatasetVersion) -> uuid.UUID:
     """A training run on the version and the model version it produced."""
     with unit_of_work(sessions) as session:
-        run = TrainingRun(
+        run = Run(
             tenant_id=version.tenant_id,
             domain_id=version.domain_id,
             dataset_version_id=version.id,

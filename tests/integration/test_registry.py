@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import unit_of_work
 from flywheel.errors import Conflict, NotFound, RegistryUnavailable
-from flywheel.models import Domain, ModelVersion, PromotionEvent, TrainingRun
+from flywheel.models import Domain, ModelVersion, PromotionEvent, Run
 from flywheel.registry import service
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from tests.conftest import Caller, run_cli
@@ -65,7 +65,7 @@ def register(
         domain_id = session.scalars(
             select(Domain.id).where(Domain.tenant_id == caller.tenant_id)
         ).one()
-        run = TrainingRun(
+        run = Run(
             tenant_id=caller.tenant_id,
             domain_id=domain_id,
             method="sft",

@@ -22,7 +22,7 @@ from typer.testing import CliRunner
 from flywheel.cli.report import report
 from flywheel.db import unit_of_work
 from flywheel.errors import NotFound
-from flywheel.models import DatasetVersion, Domain, ModelVersion, PromotionEvent, TrainingRun
+from flywheel.models import DatasetVersion, Domain, ModelVersion, PromotionEvent, Run
 from flywheel.reporting import gather_report, render_html, write_report
 from flywheel.reporting.metrics import MlflowMetricReader, RunMetrics
 from flywheel.settings import Settings
@@ -134,8 +134,8 @@ def seed(sessions: sessionmaker[Session], caller: Caller, history: History) -> N
         session.add_all([v1, v2])
         session.flush()
 
-        def run(method: str, mlflow_run_id: str | None, hours: int, **more: object) -> TrainingRun:
-            row = TrainingRun(
+        def run(method: str, mlflow_run_id: str | None, hours: int, **more: object) -> Run:
+            row = Run(
                 **ids,
                 dataset_version_id=v1.id,
                 method=method,
@@ -155,7 +155,7 @@ def seed(sessions: sessionmaker[Session], caller: Caller, history: History) -> N
         run("cycle", None, 4, status="failed", steps=CYCLE_STEPS, error="evaluate failed")
         session.flush()
 
-        def version(number: str, made_by: TrainingRun | None, **more: object) -> ModelVersion:
+        def version(number: str, made_by: Run | None, **more: object) -> ModelVersion:
             row = ModelVersion(
                 **ids,
                 training_run_id=made_by.id if made_by else None,

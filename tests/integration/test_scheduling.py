@@ -36,8 +36,8 @@ from flywheel.models import (
     Domain,
     ModelVersion,
     PromotionEvent,
+    Run,
     ScheduledCycle,
-    TrainingRun,
 )
 from flywheel.scheduling import jobs, schedule
 from flywheel.scheduling.runs import queue_cycle
@@ -73,7 +73,7 @@ class RecordingDeferrer:
     def __init__(self) -> None:
         self.run_ids: list[uuid.UUID] = []
 
-    def __call__(self, session: Session, run: TrainingRun) -> int:
+    def __call__(self, session: Session, run: Run) -> int:
         self.run_ids.append(run.id)
         return 1000 + len(self.run_ids)
 
@@ -123,10 +123,10 @@ def scheduled(sessions: sessionmaker[Session]) -> list[ScheduledCycle]:
         return list(session.scalars(select(ScheduledCycle).order_by(ScheduledCycle.created_at)))
 
 
-def cycles(sessions: sessionmaker[Session]) -> list[TrainingRun]:
+def cycles(sessions: sessionmaker[Session]) -> list[Run]:
     with sessions() as session:
-        query = select(TrainingRun).where(TrainingRun.method == "cycle")
-        return list(session.scalars(query.order_by(TrainingRun.created_at)))
+        query = select(Run).where(Run.method == "cycle")
+        return list(session.scalars(query.order_by(Run.created_at)))
 
 
 # -- the tick's decision (no worker) -------------------------------------------------------
@@ -214,7 +214,7 @@ def make_champion(sessions: sessionmaker[Session], caller: Caller) -> None:
         built = build_dataset_version(
             session=session, tenant_id=caller.tenant_id, domain_id=domain.id, recipe=DatasetRecipe()
         )
-        run = TrainingRun(
+        run = Run(
             tenant_id=caller.tenant_id,
             domain_id=domain.id,
             dataset_version_id=built.version.id,
@@ -456,7 +456,7 @@ def test_a_job_already_waiting_for_the_domain_refuses_another_and_writes_nothing
         sessions, settings, tenant_id=acme.tenant_id, domain="billing", trigger="api"
     )
     with unit_of_work(sessions) as session:  # the run ends, its job somehow still waits
-        session.execute(update(TrainingRun).values(status="failed"))
+        session.execute(update(Run).values(status="failed"))
 
     with pytest.raises(Conflict, match="a cycle job of this domain is already waiting"):
         jobs.defer_cycle(
@@ -475,7 +475,7 @@ def test_racing_ticks_decide_a_period_once(sessions: sessionmaker[Session], acme
     start = threading.Barrier(2)
     results: list[list[schedule.Decision]] = []
 
-    def slow_defer(session: Session, run: TrainingRun) -> int:
+    def slow_defer(session: Session, run: Run) -> int:
         time.sleep(0.5)  # hold the period's row while the other tick tries to insert it
         return jobs.defer_cycle_job(session, run)
 
@@ -659,7 +659,7 @@ def live_workers(sessions: sessionmaker[Session]) -> int:
         return int(session.scalar(text("SELECT count(*) FROM procrastinate_workers")) or 0)
 
 
-def finished_cycles(sessions: sessionmaker[Session], count: int = 1) -> list[TrainingRun] | None:
+def finished_cycles(sessions: sessionmaker[Session], count: int = 1) -> list[Run] | None:
     found = [run for run in cycles(sessions) if run.status in FINISHED]
     return found if len(found) >= count else None
 
@@ -755,7 +755,7 @@ def test_a_second_cycle_of_a_running_domain_waits_for_the_first(
     group.start()
     wait_for(lambda: live_workers(sessions) == 2, timeout_s=60, what="2 workers", workers=group)
 
-    def defer() -> TrainingRun:
+    def defer() -> Run:
         return jobs.defer_cycle(
             sessions, settings, tenant_id=quick_domain.tenant_id, domain="billing", trigger="api"
         )
@@ -773,7 +773,7 @@ def test_a_second_cycle_of_a_running_domain_waits_for_the_first(
     time.sleep(2)  # a worker is free, yet the second job waits for the domain's lock
     states = {job.id: job.status for job in job_rows(sessions, jobs.CYCLE_TASK)}
     with sessions() as session:  # read after the jobs: the first still ran when they were read
-        first_now = session.get_one(TrainingRun, first.id).status
+        first_now = session.get_one(Run, first.id).status
     assert first_now == "running"
     assert states == {first.job_id: "doing", second.job_id: "todo"}
 

@@ -80,6 +80,22 @@ def test_round_trip_and_schema_matches_models(empty_database: str) -> None:
     assert schema_diff(empty_database) == []
 
 
+def test_the_migrated_schema_has_the_models_names(empty_database: str) -> None:
+    """Also the names the schema diff does not compare: primary keys, checks, foreign keys."""
+    migrate.upgrade(empty_database)
+    engine = create_engine(empty_database, poolclass=pool.NullPool)
+    try:
+        inspector = inspect(engine)
+        for table in Base.metadata.tables.values():
+            found = {inspector.get_pk_constraint(table.name)["name"]}
+            for kind in ("foreign_keys", "unique_constraints", "check_constraints", "indexes"):
+                found |= {item["name"] for item in getattr(inspector, f"get_{kind}")(table.name)}
+            named = {constraint.name for constraint in table.constraints}
+            assert found == named | {index.name for index in table.indexes}, table.name
+    finally:
+        engine.dispose()
+
+
 def test_every_constraint_is_named_by_the_convention(database_url: str) -> None:
     engine = create_engine(database_url, poolclass=pool.NullPool)
     try:
