@@ -121,12 +121,18 @@ def _read_champion(*, session: Session, tenant_id: uuid.UUID, domain: str) -> Ch
     )
 
 
-def _promote(*, session: Session, **kwargs: Any) -> PromotionEventRead:
-    return _event_read(session, service.promote(session=session, **kwargs))
+def _promote(
+    *, session: Session, tenant_id: uuid.UUID, domain: str, **kwargs: Any
+) -> PromotionEventRead:
+    found = get_domain(session, tenant_id, domain)
+    return _event_read(session, service.promote(session=session, domain=found, **kwargs))
 
 
-def _rollback(*, session: Session, **kwargs: Any) -> PromotionEventRead:
-    return _event_read(session, service.rollback(session=session, **kwargs))
+def _rollback(
+    *, session: Session, tenant_id: uuid.UUID, domain: str, **kwargs: Any
+) -> PromotionEventRead:
+    found = get_domain(session, tenant_id, domain)
+    return _event_read(session, service.rollback(session=session, domain=found, **kwargs))
 
 
 def _event_read(session: Session, event: PromotionEvent) -> PromotionEventRead:

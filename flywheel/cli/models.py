@@ -11,6 +11,7 @@ from flywheel.cli.common import JsonOption, database_session, emit, resolve_tena
 from flywheel.registry import service
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import ModelVersion, PromotionEvent
+from flywheel.tenancy.service import get_domain
 
 models = typer.Typer(help="List, promote and roll back a domain's adapters.", no_args_is_help=True)
 
@@ -68,8 +69,7 @@ def promote(
         event = service.promote(
             session=session,
             registry=_registry(),
-            tenant_id=resolve_tenant_id(session, tenant),
-            domain=domain,
+            domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
             version=version,
             actor=_actor(),
             reason=reason,
@@ -92,8 +92,7 @@ def rollback(
         event = service.rollback(
             session=session,
             registry=_registry(),
-            tenant_id=resolve_tenant_id(session, tenant),
-            domain=domain,
+            domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
             to=to,
             actor=_actor(),
             reason=reason,
@@ -115,8 +114,7 @@ def watch(
         result = watch_domain(
             session=session,
             registry=_registry(),
-            tenant_id=resolve_tenant_id(session, tenant),
-            domain=domain,
+            domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
         )
     verdict = "FLAGGED: " if result.is_flagged else ""
     back = f"; rolled back to v{result.rolled_back_to}" if result.rolled_back_to else ""

@@ -16,7 +16,7 @@ from flywheel.cli.common import (
 )
 from flywheel.db import unit_of_work
 from flywheel.feedback.forget import ForgetReport, forget
-from flywheel.signals.compile import CompileReport, compile_and_link
+from flywheel.signals.compile import CompileReport, compile_feedback
 from flywheel.tenancy.service import get_domain
 
 TenantOption = typer.Option(
@@ -24,7 +24,7 @@ TenantOption = typer.Option(
 )
 
 
-def compile_feedback(
+def compile_command(
     domain: str | None = typer.Option(None, "--domain", help="Only this domain."),
     tenant: str | None = TenantOption,
     as_json: bool = JsonOption,
@@ -35,13 +35,13 @@ def compile_feedback(
             tenant_id = resolve_tenant_id(session, tenant)
             domain_id = None if domain is None else get_domain(session, tenant_id, domain).id
         with progress_bar("compiling prompts", as_json) as advance:
-            report = compile_and_link(
-                sessions, tenant_id=tenant_id, domain_id=domain_id, progress=advance
+            report = compile_feedback(
+                sessions, tenant_id=tenant_id, domain_id=domain_id, progress=advance, link=True
             )
     emit(report.as_json(), as_json=as_json, text=_compile_lines(report))
 
 
-def forget_subject(
+def forget_command(
     rater: str | None = typer.Option(None, "--rater", help="A rater id: their feedback events."),
     source_record: str | None = typer.Option(
         None,

@@ -1,8 +1,10 @@
 """Model versions, promotion and rollback: the database is the record, MLflow the registry.
 
     register_version(session=..., registry=..., run=..., adapter_uri=..., base_model=...)
-    promote(session=..., registry=..., tenant_id=..., domain=..., version="3", actor=..., ...)
-    rollback(session=..., registry=..., tenant_id=..., domain=..., to=None, actor=..., ...)
+    promote(session=..., registry=..., domain=<Domain>, version="3", actor=..., ...)
+    rollback(session=..., registry=..., domain=<Domain>, to=None, actor=..., ...)
+
+The domain is the row the caller looked up once (`tenancy.service.get_domain`).
 
 Every alias move is a `PromotionEvent` (append-only: actor, from, to, reason, whether forced,
 the gate evidence) and an MLflow tag on the version it moved to. The event is written first
@@ -114,30 +116,6 @@ def promote(
     *,
     session: Session,
     registry: Registry,
-    tenant_id: uuid.UUID,
-    domain: str,
-    version: str,
-    actor: str,
-    reason: str = "",
-    force: bool = False,
-) -> PromotionEvent:
-    """Make `version` of the tenant's domain (named) the champion: `promote_version`."""
-    found = get_domain(session, tenant_id, domain)
-    return promote_version(
-        session=session,
-        registry=registry,
-        domain=found,
-        version=version,
-        actor=actor,
-        reason=reason,
-        force=force,
-    )
-
-
-def promote_version(
-    *,
-    session: Session,
-    registry: Registry,
     domain: Domain,
     version: str,
     actor: str,
@@ -164,8 +142,7 @@ def rollback(
     *,
     session: Session,
     registry: Registry,
-    tenant_id: uuid.UUID,
-    domain: str,
+    domain: Domain,
     actor: str,
     to: str | None = None,
     reason: str = "",
@@ -173,22 +150,21 @@ def rollback(
 ) -> PromotionEvent:
     """Move the champion back to the one it replaced (or to version `to`), at once: nothing is
     retrained, the earlier adapter is still registered."""
-    found = get_domain(session, tenant_id, domain)
-    _take_turn(session, found)
-    current = current_champion(session, found.id)
+    _take_turn(session, domain)
+    current = current_champion(session, domain.id)
     if current is None:
-        raise Conflict(f"{domain} has no champion to roll back")
+        raise Conflict(f"{domain.name} has no champion to roll back")
     if to is not None:
-        target = _version(session, found, to)
+        target = _version(session, domain, to)
     else:
-        latest = latest_champion_event(session, found.id)
+        latest = latest_champion_event(session, domain.id)
         previous = latest.from_model_version_id if latest else None
         if previous is None:
-            raise Conflict(f"{domain} has no previous champion to roll back to")
+            raise Conflict(f"{domain.name} has no previous champion to roll back to")
         target = session.get_one(ModelVersion, previous)
     if target.id == current.id:
-        raise Conflict(f"v{target.version} is already the champion of {domain}")
-    return _move(session, registry, found, current, target, action, actor, reason, False)
+        raise Conflict(f"v{target.version} is already the champion of {domain.name}")
+    return _move(session, registry, domain, current, target, action, actor, reason, False)
 
 
 def _move(

@@ -12,7 +12,6 @@ rolled back at once, audited as an `auto_rollback` by `watch`.
 from __future__ import annotations
 
 import math
-import uuid
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -27,7 +26,7 @@ from flywheel.registry.service import (
     latest_champion_event,
     rollback,
 )
-from flywheel.tenancy.service import get_domain
+from flywheel.tenancy.models import Domain
 
 ALPHA = 0.05
 MIN_RATINGS = 30
@@ -105,16 +104,14 @@ def watch_domain(
     *,
     session: Session,
     registry: Registry,
-    tenant_id: uuid.UUID,
-    domain: str,
+    domain: Domain,
     alpha: float = ALPHA,
     min_ratings: int = MIN_RATINGS,
 ) -> WatchResult:
     """Compare the champion's live thumbs-up rate with its predecessor's; roll back when the
     domain says so and the drop is significant."""
-    found = get_domain(session, tenant_id, domain)
-    champion = current_champion(session, found.id)
-    latest = latest_champion_event(session, found.id)
+    champion = current_champion(session, domain.id)
+    latest = latest_champion_event(session, domain.id)
     if champion is None or latest is None or latest.from_model_version_id is None:
         return WatchResult(None, None, None, False, None, "no champion with a predecessor")
     predecessor = session.get_one(ModelVersion, latest.from_model_version_id)
@@ -129,12 +126,11 @@ def watch_domain(
         f"live thumbs-up rate of v{ours.version} {ours.thumbs_up_rate:.1%} is below "
         f"v{theirs.version}'s {theirs.thumbs_up_rate:.1%} (one-sided p = {p_value:.4f})"
     )
-    if not (found.config or {}).get("auto_rollback"):
+    if not (domain.config or {}).get("auto_rollback"):
         return WatchResult(ours, theirs, p_value, True, None, reason)
     event: PromotionEvent = rollback(
         session=session,
         registry=registry,
-        tenant_id=tenant_id,
         domain=domain,
         actor="watch",
         reason=reason,

@@ -3,7 +3,7 @@
     compile -> build -> train_<method>... -> evaluate -> promote
 
 - compile: the domain's new feedback compiled into training signal, its near-duplicates
-  linked (`flywheel.signals.compile.compile_and_link`, as `flywheel compile` does).
+  linked (`flywheel.signals.compile.compile_feedback` with `link`, as `flywheel compile` does).
 - build: the next dataset version. If a cycle already finished on that version, there is
   nothing to do: the run ends `skipped`.
 - train_<method>: each method of the domain's `cycle.methods` in a subprocess
@@ -42,11 +42,11 @@ from flywheel.evaluation.service import EvalRequest, evaluate_version
 from flywheel.observability import cycle_metrics
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import Run
-from flywheel.registry.service import promote_version
+from flywheel.registry.service import promote
 from flywheel.scheduling.config import CycleSettings, Method, cycle_settings
 from flywheel.scheduling.runs import claim_run
 from flywheel.settings import Settings
-from flywheel.signals.compile import compile_and_link
+from flywheel.signals.compile import compile_feedback
 from flywheel.tenancy.models import Domain
 from flywheel.tenancy.service import get_domain
 from flywheel.training.launcher import TrainRequest, train
@@ -264,8 +264,8 @@ class _Cycle:
     # -- the steps -----------------------------------------------------------------------
 
     def compile(self) -> dict[str, Any]:
-        report = compile_and_link(
-            self.sessions, tenant_id=self.domain.tenant_id, domain_id=self.domain.id
+        report = compile_feedback(
+            self.sessions, tenant_id=self.domain.tenant_id, domain_id=self.domain.id, link=True
         )
         return report.domains[0].as_json()
 
@@ -382,7 +382,7 @@ class _Cycle:
         if not self.config.auto_promote:
             return {"promoted": False, "version": version, "reasons": ["auto_promote is off"]}
         with unit_of_work(self.sessions) as session:
-            event = promote_version(
+            event = promote(
                 session=session,
                 registry=MlflowRegistry(self.settings.resolved_mlflow_tracking_uri),
                 domain=self.domain,

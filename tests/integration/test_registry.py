@@ -24,6 +24,7 @@ from flywheel.errors import Conflict, NotFound, RegistryUnavailable
 from flywheel.models import Domain, ModelVersion, PromotionEvent, Run
 from flywheel.registry import service
 from flywheel.registry.mlflow_registry import MlflowRegistry
+from flywheel.tenancy.service import get_domain
 from tests.conftest import Caller, run_cli
 
 PASSED = {"is_promoted": True, "reasons": []}
@@ -169,22 +170,26 @@ def test_refusals_move_nothing(
     register(on_test_database, registry, acme, tmp_path, "only", PASSED)
     with unit_of_work(on_test_database) as session, pytest.raises(Conflict, match="no champion"):
         service.rollback(
-            session=session, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            session=session, registry=registry,
+            domain=get_domain(session, acme.tenant_id, "billing"),
             actor="t",
         )  # fmt: skip
     with unit_of_work(on_test_database) as session, pytest.raises(NotFound):
         service.promote(
-            session=session, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            session=session, registry=registry,
+            domain=get_domain(session, acme.tenant_id, "billing"),
             version="7", actor="t",
         )  # fmt: skip
     with unit_of_work(on_test_database) as session, pytest.raises(NotFound):  # globex's billing
         service.promote(
-            session=session, registry=registry, tenant_id=globex.tenant_id, domain="billing",
+            session=session, registry=registry,
+            domain=get_domain(session, globex.tenant_id, "billing"),
             version="1", actor="t",
         )  # fmt: skip
     with unit_of_work(on_test_database) as session:
         service.promote(
-            session=session, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            session=session, registry=registry,
+            domain=get_domain(session, acme.tenant_id, "billing"),
             version="1", actor="t",
         )  # fmt: skip
     with (
@@ -192,7 +197,8 @@ def test_refusals_move_nothing(
         pytest.raises(Conflict, match="no previous champion"),
     ):
         service.rollback(
-            session=session, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            session=session, registry=registry,
+            domain=get_domain(session, acme.tenant_id, "billing"),
             actor="t",
         )  # fmt: skip
     with on_test_database() as session:
@@ -215,7 +221,8 @@ def test_an_unreachable_mlflow_is_a_clear_error_and_no_move(
         unit_of_work(on_test_database) as session,
     ):
         service.promote(
-            session=session, registry=down, tenant_id=acme.tenant_id, domain="billing",
+            session=session, registry=down,
+            domain=get_domain(session, acme.tenant_id, "billing"),
             version="1", actor="t",
         )  # fmt: skip
 
@@ -232,15 +239,17 @@ def test_two_concurrent_promotions_one_wins_the_other_conflicts(
     register(on_test_database, registry, acme, tmp_path, "b", PASSED)
     with unit_of_work(on_test_database) as first:
         service.promote(
-            session=first, registry=registry, tenant_id=acme.tenant_id, domain="billing",
+            session=first, registry=registry,
+            domain=get_domain(first, acme.tenant_id, "billing"),
             version="1", actor="first",
         )  # fmt: skip
         with unit_of_work(on_test_database) as second:  # while the first holds the domain
             second.execute(text("SET LOCAL lock_timeout = '2s'"))
             with pytest.raises(Conflict, match="in progress"):
                 service.promote(
-                    session=second, registry=registry, tenant_id=acme.tenant_id,
-                    domain="billing", version="2", actor="second",
+                    session=second, registry=registry,
+                    domain=get_domain(second, acme.tenant_id, "billing"),
+                    version="2", actor="second",
                 )  # fmt: skip
     with on_test_database() as session:
         assert [e.actor for e in session.scalars(select(PromotionEvent))] == ["first"]

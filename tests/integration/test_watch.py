@@ -14,6 +14,7 @@ from flywheel.models import Domain, FeedbackEvent, Interaction, PromotionEvent
 from flywheel.registry import service
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.watch import WatchResult, watch_domain
+from flywheel.tenancy.service import get_domain
 from tests.conftest import Caller
 from tests.integration.test_registry import PASSED, register
 
@@ -58,8 +59,8 @@ def two_champions(
     for version in ("1", "2"):
         with unit_of_work(sessions) as session:
             service.promote(
-                session=session, registry=registry, tenant_id=acme.tenant_id,
-                domain="billing", version=version, actor="t",
+                session=session, registry=registry,
+                domain=get_domain(session, acme.tenant_id, "billing"), version=version, actor="t",
             )  # fmt: skip
     return registry
 
@@ -67,7 +68,9 @@ def two_champions(
 def watch(sessions: sessionmaker[Session], registry: MlflowRegistry, caller: Caller) -> WatchResult:
     with unit_of_work(sessions) as session:
         return watch_domain(
-            session=session, registry=registry, tenant_id=caller.tenant_id, domain="billing"
+            session=session,
+            registry=registry,
+            domain=get_domain(session, caller.tenant_id, "billing"),
         )
 
 

@@ -1,7 +1,7 @@
 """The feedback compiler: raw feedback events in, weighted training signal out.
 
-    compile_feedback(sessions, tenant_id=..., domain_id=None, progress=None) -> CompileReport
-    compile_and_link(...)  # the same, then the near-duplicate pass (`flywheel compile`, cycles)
+    compile_feedback(sessions, tenant_id=..., domain_id=None, progress=None, link=False)
+        -> CompileReport  (link: then the near-duplicate pass, as `flywheel compile` and cycles)
 
 Groups. All feedback about one prompt (the conversation before the response) is judged
 together, and every item it yields carries `group_key` = content hash of the normalised
@@ -76,7 +76,6 @@ from flywheel.signals.compile.compiler import (
     CompileReport,
     DomainCompile,
     Progress,
-    compile_and_link,
     compile_feedback,
     recompile_prompts,
 )
@@ -90,7 +89,6 @@ __all__ = [
     "CompileReport",
     "DomainCompile",
     "Progress",
-    "compile_and_link",
     "compile_feedback",
     "event_prompts",
     "group_key_of",

@@ -104,9 +104,12 @@ def compile_feedback(
     tenant_id: uuid.UUID,
     domain_id: uuid.UUID | None = None,
     progress: Progress | None = None,
+    link: bool = False,
 ) -> CompileReport:
     """Compile the feedback of one domain, or of every domain of the tenant (each in its own
-    transaction). NotFound for a domain that is not the tenant's."""
+    transaction). With `link`, each domain's new signal is then linked to its near-duplicates
+    (in a transaction of its own): what `flywheel compile` and a cycle's compile step do.
+    NotFound for a domain that is not the tenant's."""
     with sessions() as session:
         query = select(Domain.id, Domain.name).where(Domain.tenant_id == tenant_id)
         if domain_id is not None:
@@ -116,24 +119,12 @@ def compile_feedback(
         raise NotFound(f"domain {domain_id} not found")
     report = CompileReport(tenant_id)
     for each_id, name in domains:
-        report.domains.append(_compile_domain(sessions, tenant_id, each_id, name, progress))
-    return report
-
-
-def compile_and_link(
-    sessions: sessionmaker[Session],
-    *,
-    tenant_id: uuid.UUID,
-    domain_id: uuid.UUID | None = None,
-    progress: Progress | None = None,
-) -> CompileReport:
-    """`compile_feedback`, then each domain's new signal linked to its near-duplicates (in a
-    transaction of its own): what `flywheel compile` and a cycle's compile step do."""
-    report = compile_feedback(sessions, tenant_id=tenant_id, domain_id=domain_id, progress=progress)
-    for index, compiled in enumerate(report.domains):
-        with unit_of_work(sessions) as session:
-            linked = sum(link_near_duplicates(session, domain_id=compiled.domain_id).values())
-        report.domains[index] = replace(compiled, near_duplicates=linked)
+        compiled = _compile_domain(sessions, tenant_id, each_id, name, progress)
+        if link:
+            with unit_of_work(sessions) as session:
+                linked = sum(link_near_duplicates(session, domain_id=each_id).values())
+            compiled = replace(compiled, near_duplicates=linked)
+        report.domains.append(compiled)
     return report
 
 
