@@ -77,7 +77,7 @@ class EvalItems:
 
 
 @dataclass(frozen=True)
-class EvalSettings:
+class SamplingSettings:
     """How one evaluation samples: k completions per task, their length, seed and batch size."""
 
     k: int
@@ -174,7 +174,7 @@ def generate(
     model: Any,
     tokenizer: PreTrainedTokenizerBase,
     prompts: Sequence[list[Message]],
-    settings: EvalSettings,
+    settings: SamplingSettings,
     *,
     temperature: float | None = None,
     label: str = "generate",
@@ -305,7 +305,7 @@ def pass_scores(
 
 
 def score_sft(
-    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: EvalSettings
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: SamplingSettings
 ) -> tuple[Scores, Scores]:
     """(exact_match, sft_loss) per SFT item."""
     prompts = [row["messages"] for row in rows]
@@ -323,7 +323,7 @@ def score_sft(
 
 
 def score_pairs(
-    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: EvalSettings
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: SamplingSettings
 ) -> Scores:
     """preference_accuracy per pair: 1.0 when chosen is the likelier reply, strictly."""
     prompts = [row["messages"] for row in rows]
@@ -359,7 +359,7 @@ def score_tasks(
     model: Any,
     tokenizer: PreTrainedTokenizerBase,
     rows: list[Row],
-    settings: EvalSettings,
+    settings: SamplingSettings,
     reward: Callable[..., list[float | None]],
 ) -> tuple[Scores, Scores]:
     """(pass@1, pass@k) per task the reward can score."""
@@ -391,7 +391,7 @@ def score_tasks(
 
 
 def evaluate(
-    model: Any, tokenizer: PreTrainedTokenizerBase, items: EvalItems, settings: EvalSettings
+    model: Any, tokenizer: PreTrainedTokenizerBase, items: EvalItems, settings: SamplingSettings
 ) -> tuple[dict[str, Scores], dict[str, Scores]]:
     """(metrics, losses): only metrics with at least one scored item appear."""
     metrics: dict[str, Scores] = {}
@@ -439,7 +439,7 @@ def _preflight_sandbox(items: EvalItems) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
-    settings = EvalSettings(args.k, args.max_new_tokens, args.seed, args.batch_size)
+    settings = SamplingSettings(args.k, args.max_new_tokens, args.seed, args.batch_size)
     items = open_items(args.dataset, args.split)
     check_base(args.base)
     if args.adapter is not None:

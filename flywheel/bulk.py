@@ -8,12 +8,28 @@ parameter lists. On SQLite (the embedded default) one multi-row INSERT does the 
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from collections.abc import Iterable, Iterator
+from typing import Any, TypeVar
 
 from psycopg.types.json import Jsonb
 from sqlalchemy import JSON, Table, text
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
+
+T = TypeVar("T")
+CHUNK = 1_000  # ids per `IN (...)`: bounded statements however many rows a change touches
+
+
+def chunked(items: Iterable[T], size: int = CHUNK) -> Iterator[list[T]]:
+    """`items` in lists of at most `size`."""
+    chunk: list[T] = []
+    for item in items:
+        chunk.append(item)
+        if len(chunk) == size:
+            yield chunk
+            chunk = []
+    if chunk:
+        yield chunk
 
 
 def insert_ignoring_conflicts(

@@ -2,11 +2,10 @@
 
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.db import Base
-from flywheel.feedback.models import FeedbackEvent, Interaction
+from flywheel.feedback.models import FeedbackEvent, ForgetRequest, Interaction
 from flywheel.registry.models import ModelVersion, PromotionEvent, Run
 from flywheel.scheduling.models import ScheduledCycle
 from flywheel.signals.models import (
-    ForgetRequest,
     IngestRun,
     LabeledCompletion,
     PreferencePair,

@@ -29,11 +29,11 @@ from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
 import orjson
-from sqlalchemy import Table, Text, and_, null, or_, select
+from sqlalchemy import Table, Text, and_, null, or_, select, update
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
-from flywheel.bulk import insert_ignoring_conflicts
+from flywheel.bulk import chunked, insert_ignoring_conflicts
 from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.datasets.split import Split, assign_groups
@@ -193,6 +193,31 @@ def list_versions(*, session: Session, tenant_id: uuid.UUID, domain: str) -> lis
             .order_by(DatasetVersion.version.desc())
         )
     )
+
+
+def versions_holding(
+    session: Session, member_column: str, item_ids: list[uuid.UUID]
+) -> set[uuid.UUID]:
+    """The dataset versions that hold any of these items (of the kind `member_column` names)."""
+    column = getattr(DatasetMember, member_column)
+    found: set[uuid.UUID] = set()
+    for chunk in chunked(item_ids):
+        query = select(DatasetMember.dataset_version_id).where(column.in_(chunk)).distinct()
+        found.update(session.scalars(query))
+    return found
+
+
+def taint_versions(
+    session: Session, version_ids: Iterable[uuid.UUID], *, request_id: uuid.UUID
+) -> None:
+    """Mark the versions tainted by this forget request (the first request stays recorded)."""
+    now = utcnow()
+    for chunk in chunked(version_ids):
+        session.execute(
+            update(DatasetVersion)
+            .where(DatasetVersion.id.in_(chunk), DatasetVersion.tainted_at.is_(None))
+            .values(tainted_at=now, tainted_by_id=request_id)
+        )
 
 
 def get_version(session: Session, domain: Domain, number: int) -> DatasetVersion:

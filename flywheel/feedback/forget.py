@@ -24,35 +24,32 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections import Counter
-from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from typing import Any
 
-from sqlalchemy import Select, delete, or_, select, update
+from sqlalchemy import Select, delete, or_, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.models import DatasetMember, DatasetVersion
-from flywheel.datasets.service import KINDS
-from flywheel.db import unit_of_work, utcnow
+from flywheel.bulk import chunked
+from flywheel.datasets.service import KINDS, taint_versions, versions_holding
+from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput
-from flywheel.feedback.models import FeedbackEvent, Interaction
-from flywheel.registry.models import ModelVersion, Run
+from flywheel.feedback.models import FeedbackEvent, ForgetRequest, Interaction
+from flywheel.registry.service import taint_models_trained_on
 from flywheel.signals.compile import event_prompts, group_key_of, recompile_prompts
 from flywheel.signals.dedup import link_near_duplicates
 from flywheel.signals.models import (
-    ForgetRequest,
     LabeledCompletion,
     PreferencePair,
     SftExample,
     VerifiableTask,
 )
+from flywheel.signals.store import delete_items
 
 SignalModel = (
     type[SftExample] | type[PreferencePair] | type[LabeledCompletion] | type[VerifiableTask]
 )
 COMPILED = (SftExample, PreferencePair, LabeledCompletion)  # what the feedback compiler writes
-CHUNK = 1_000
-T = TypeVar("T")
 
 
 @dataclass
@@ -150,7 +147,7 @@ def _forget_source_record(
         FeedbackEvent.tenant_id == tenant_id, FeedbackEvent.interaction_id.in_(interactions)
     )
     _forget_events(session, tenant_id, events, report)
-    for chunk in _chunks(interactions):
+    for chunk in chunked(interactions):
         session.execute(delete(Interaction).where(Interaction.id.in_(chunk)))
     report.counts["interactions"] += len(interactions)
 
@@ -171,7 +168,7 @@ def _forget_events(
             if kind.model in COMPILED:
                 ids = _compiled_items(session, kind.model, domain_id, groups)
                 _delete_items(session, kind.model, kind.member_column, ids, report)
-    for chunk in _chunks(event_ids):
+    for chunk in chunked(event_ids):
         session.execute(delete(FeedbackEvent).where(FeedbackEvent.id.in_(chunk)))
     report.counts["feedback_events"] += len(event_ids)
     for domain_id, domain_prompts in prompts.items():
@@ -184,7 +181,7 @@ def _compiled_items(
     session: Session, model: SignalModel, domain_id: uuid.UUID, groups: list[str]
 ) -> list[uuid.UUID]:
     found: list[uuid.UUID] = []
-    for chunk in _chunks(groups):
+    for chunk in chunked(groups):
         found += session.scalars(
             select(model.id).where(
                 model.domain_id == domain_id,
@@ -203,47 +200,15 @@ def _delete_items(
     report: ForgetReport,
 ) -> None:
     """Delete signal rows, noting first the dataset versions that held them."""
-    column = getattr(DatasetMember, member_column)
-    for chunk in _chunks(ids):
-        versions = session.scalars(
-            select(DatasetMember.dataset_version_id).where(column.in_(chunk)).distinct()
-        )
-        report.dataset_version_ids += versions
-        session.execute(delete(model).where(model.id.in_(chunk)))
+    report.dataset_version_ids += versions_holding(session, member_column, ids)
+    delete_items(session, model.__tablename__, ids)
     report.counts[model.__tablename__] += len(ids)
 
 
 def _taint(session: Session, report: ForgetReport) -> None:
     """Mark the dataset versions, and the model versions trained on them, as tainted."""
-    now = utcnow()
     report.dataset_version_ids = sorted(set(report.dataset_version_ids))
-    for chunk in _chunks(report.dataset_version_ids):
-        session.execute(
-            update(DatasetVersion)
-            .where(DatasetVersion.id.in_(chunk), DatasetVersion.tainted_at.is_(None))
-            .values(tainted_at=now, tainted_by_id=report.request_id)
-        )
-        models = session.scalars(
-            select(ModelVersion.id)
-            .join(Run, Run.id == ModelVersion.training_run_id)
-            .where(Run.dataset_version_id.in_(chunk))
-        )
-        report.model_version_ids += models
-    report.model_version_ids = sorted(set(report.model_version_ids))
-    for chunk in _chunks(report.model_version_ids):
-        session.execute(
-            update(ModelVersion)
-            .where(ModelVersion.id.in_(chunk), ModelVersion.tainted_at.is_(None))
-            .values(tainted_at=now, tainted_by_id=report.request_id)
-        )
-
-
-def _chunks(items: Iterable[T]) -> Iterable[list[T]]:
-    chunk: list[T] = []
-    for item in items:
-        chunk.append(item)
-        if len(chunk) == CHUNK:
-            yield chunk
-            chunk = []
-    if chunk:
-        yield chunk
+    taint_versions(session, report.dataset_version_ids, request_id=report.request_id)
+    report.model_version_ids = taint_models_trained_on(
+        session, report.dataset_version_ids, request_id=report.request_id
+    )

@@ -70,3 +70,23 @@ class FeedbackEvent(IdMixin, Base):
     event_id: Mapped[str | None] = mapped_column(String(255))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_sha256: Mapped[str] = mapped_column(String(64))
+
+
+class ForgetRequest(IdMixin, Base):
+    """The audit of one `flywheel forget`: what was asked, by whom, what it deleted and which
+    dataset and model versions it tainted. The subject is kept only as a hash (sha256 of
+    "<tenant id>:<kind>:<id>"), so the audit does not keep the identifier it erased."""
+
+    __tablename__ = "forget_requests"
+    __table_args__ = (
+        CheckConstraint("subject_kind IN ('rater', 'source_record')", name="subject_kind"),
+        Index(None, "tenant_id", "subject_sha256"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    actor: Mapped[str] = mapped_column(String(255))
+    subject_kind: Mapped[str] = mapped_column(String(16))
+    subject_sha256: Mapped[str] = mapped_column(String(64))
+    counts: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+    dataset_version_ids: Mapped[list[str]] = mapped_column(JsonType, default=list)
+    model_version_ids: Mapped[list[str]] = mapped_column(JsonType, default=list)

@@ -19,10 +19,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, text
+from sqlalchemy import select, text, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
+from flywheel.bulk import chunked
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, NotFound
 from flywheel.registry.mlflow_registry import Registry
@@ -103,6 +104,30 @@ def list_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> Domai
         current_champion(session, found.id),
         list(history),
     )
+
+
+def taint_models_trained_on(
+    session: Session, dataset_version_ids: list[uuid.UUID], *, request_id: uuid.UUID
+) -> list[uuid.UUID]:
+    """Mark the model versions trained on these dataset versions tainted by this forget
+    request (the first request stays recorded); their ids."""
+    found: set[uuid.UUID] = set()
+    for chunk in chunked(dataset_version_ids):
+        found.update(
+            session.scalars(
+                select(ModelVersion.id)
+                .join(Run, Run.id == ModelVersion.training_run_id)
+                .where(Run.dataset_version_id.in_(chunk))
+            )
+        )
+    now = utcnow()
+    for chunk in chunked(sorted(found)):
+        session.execute(
+            update(ModelVersion)
+            .where(ModelVersion.id.in_(chunk), ModelVersion.tainted_at.is_(None))
+            .values(tainted_at=now, tainted_by_id=request_id)
+        )
+    return sorted(found)
 
 
 def current_champion(session: Session, domain_id: uuid.UUID) -> ModelVersion | None:

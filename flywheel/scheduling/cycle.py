@@ -267,7 +267,7 @@ class _Cycle:
         report = compile_feedback(
             self.sessions, tenant_id=self.domain.tenant_id, domain_id=self.domain.id, link=True
         )
-        return report.domains[0].as_json()
+        return {"feedback": report.domains[0].as_json()}
 
     def build(self) -> dict[str, Any]:
         with unit_of_work(self.sessions) as session:

@@ -20,6 +20,8 @@ from flywheel.db import utcnow
 from flywheel.errors import Conflict
 from flywheel.signals.models import IngestRun
 
+MAX_SOURCE_REF = 1024  # the column's length
+
 
 @dataclass(frozen=True)
 class Source:
@@ -85,7 +87,7 @@ def open_ingest_run(
             domain_id=domain_id,
             source_kind=source.kind,
             source_format=source.format,
-            source_ref=source.ref[:1024],
+            source_ref=source.ref[:MAX_SOURCE_REF],
             source_sha256=source.fingerprint,
             ingestor_version=source.ingestor_version,
             checkpoint={"position": 0},
@@ -93,6 +95,37 @@ def open_ingest_run(
         )
         session.add(run)
     run.status, run.error = "running", None
+    session.flush()
+    return run
+
+
+def record_ingest_run(
+    session: Session,
+    *,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    source: Source,
+    status: str,
+    counts: dict[str, Any],
+    checkpoint: dict[str, Any],
+    error: str | None = None,
+) -> IngestRun:
+    """A run recorded whole when it ends: a compile, which has no batches to resume from."""
+    run = IngestRun(
+        tenant_id=tenant_id,
+        domain_id=domain_id,
+        source_kind=source.kind,
+        source_format=source.format,
+        source_ref=source.ref[:MAX_SOURCE_REF],
+        source_sha256=source.fingerprint,
+        ingestor_version=source.ingestor_version,
+        status=status,
+        checkpoint=checkpoint,
+        counts=counts,
+        error=error,
+        finished_at=utcnow(),
+    )
+    session.add(run)
     session.flush()
     return run
 
@@ -114,6 +147,7 @@ def finish_ingest_run(
     counts: dict[str, Any],
     error: str | None = None,
 ) -> None:
+    """How the run ended (succeeded or failed, with the error), with its final counts."""
     run = session.get_one(IngestRun, run_id)
     run.status, run.error, run.counts = status, error, counts
     run.finished_at = utcnow()

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, cast
 
-from sqlalchemy import ColumnElement, CursorResult, Table, func, literal, select, update
+from sqlalchemy import ColumnElement, CursorResult, Table, delete, func, literal, select, update
 from sqlalchemy.orm import Session
 
-from flywheel.bulk import insert_ignoring_conflicts
+from flywheel.bulk import chunked, insert_ignoring_conflicts
 from flywheel.db import utcnow
 from flywheel.errors import Conflict
 from flywheel.feedback.models import FeedbackEvent, Interaction
@@ -160,6 +160,13 @@ def _store_events(
         counts.accepted["feedback_events"] += len(recorded) - replays
         counts.duplicate += replays
     return counts
+
+
+def delete_items(session: Session, table: str, ids: list[uuid.UUID]) -> None:
+    """Delete signal rows (forgetting): dataset versions lose them as members (the foreign
+    keys cascade), so the caller taints those versions first."""
+    for chunk in chunked(ids):
+        session.execute(delete(SIGNAL_TABLES[table]).where(SIGNAL_TABLES[table].c.id.in_(chunk)))
 
 
 def store_one(

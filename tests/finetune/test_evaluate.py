@@ -18,7 +18,7 @@ from transformers import AutoModelForCausalLM
 
 from finetune import synthetic
 from finetune.evaluate import (
-    EvalSettings,
+    SamplingSettings,
     completion_logprobs,
     load_model,
     main,
@@ -180,7 +180,7 @@ def test_log_probs_and_the_scores_built_on_them_match_a_hand_computation(plain_b
         for r in replies
     ]
     assert [count for _, count in got] == counts
-    settings = EvalSettings(k=1, max_new_tokens=8, seed=0, batch_size=2)
+    settings = SamplingSettings(k=1, max_new_tokens=8, seed=0, batch_size=2)
     pairs = [
         {"item_id": "a", "messages": prompts[0], "chosen": replies[0], "rejected": "45"},
         {"item_id": "b", "messages": prompts[0], "chosen": "45", "rejected": replies[0]},

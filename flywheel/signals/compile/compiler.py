@@ -21,6 +21,7 @@ from flywheel.signals.compile.items import Prompt, Texts, prompts, stage
 from flywheel.signals.compile.rules import Verdicts, judge
 from flywheel.signals.compile.writer import COMPILER_VERSION, Writer
 from flywheel.signals.dedup import link_near_duplicates
+from flywheel.signals.ingest_runs import Source, record_ingest_run
 from flywheel.signals.models import IngestRun
 from flywheel.tenancy.models import Domain
 
@@ -261,21 +262,21 @@ def _record_run(
     read: str = "",
     error: str | None = None,
 ) -> IngestRun:
-    """The run's record; `source_sha256` fingerprints the span of events it read."""
-    run = IngestRun(
+    """The run's record; its fingerprint is that of the span of events it read."""
+    source = Source(
+        kind="feedback",
+        format="compile",
+        ref=f"feedback_events of domain {domain_id}",
+        fingerprint=hashlib.sha256(f"{domain_id}:{read}".encode()).hexdigest(),
+        ingestor_version=COMPILER_VERSION,
+    )
+    return record_ingest_run(
+        session,
         tenant_id=tenant_id,
         domain_id=domain_id,
-        source_kind="feedback",
-        source_format="compile",
-        source_ref=f"feedback_events of domain {domain_id}",
-        source_sha256=hashlib.sha256(f"{domain_id}:{read}".encode()).hexdigest(),
-        ingestor_version=COMPILER_VERSION,
+        source=source,
         status=status,
-        checkpoint={"watermark": watermark.isoformat() if watermark else None},
         counts=asdict(counts) if counts else {},
+        checkpoint={"watermark": watermark.isoformat() if watermark else None},
         error=error,
-        finished_at=utcnow(),
     )
-    session.add(run)
-    session.flush()
-    return run
