@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, Uuid, create_engine, event, text
 from sqlalchemy.dialects.postgresql import JSONB
@@ -104,11 +104,27 @@ def unit_of_work(factory: sessionmaker[Session]) -> Iterator[Session]:
             raise
 
 
-def domain_lock(session: Session, domain_id: uuid.UUID, purpose: str) -> None:
+# What a domain lock serialises: feedback compiles, near-duplicate passes, dataset builds.
+LockPurpose = Literal["compile", "near-duplicates", "dataset-build"]
+
+
+def advisory_key(*parts: object) -> int:
+    """A PostgreSQL advisory lock key (signed 64 bits) for what `parts` name."""
+    digest = hashlib.sha256(":".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "big", signed=True)
+
+
+def domain_lock(session: Session, domain_id: uuid.UUID, purpose: LockPurpose) -> None:
     """Serialise one kind of work on one domain until the transaction ends: a PostgreSQL
     advisory lock keyed by (purpose, domain), so that different purposes never block each
-    other. SQLite serialises writers itself."""
+    other. SQLite serialises writers itself.
+
+    A compile and a near-duplicate pass of one domain may run at once: the pass signs rows
+    committed before it began, the compile writes its own; were they ever to lock rows in
+    opposite orders, PostgreSQL aborts one with a deadlock error (recorded as a failed run,
+    nothing written) and the next one redoes it. Dataset builds took a differently derived
+    key before this helper: during a rolling upgrade an old and a new worker do not exclude
+    each other's builds."""
     if session.get_bind().dialect.name == "postgresql":
-        digest = hashlib.sha256(f"{purpose}:{domain_id}".encode()).digest()
-        key = int.from_bytes(digest[:8], "big", signed=True)
+        key = advisory_key(purpose, domain_id)
         session.execute(text("SELECT pg_advisory_xact_lock(:key)"), {"key": key})

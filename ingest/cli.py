@@ -137,7 +137,9 @@ def _run(
     ingestor: Ingestor, tenant: str | None, domain: str, as_json: bool, *, verify: bool = False
 ) -> None:
     with _domain(tenant, domain) as (sessions, tenant_id, domain_id):
-        with progress_bar(f"{ingestor.source_format}: {ingestor.source_ref}", as_json) as advance:
+        with progress_bar(
+            f"{ingestor.source_format}: {ingestor.source_ref}", is_quiet=as_json
+        ) as advance:
             result = run_ingest(
                 sessions, ingestor, tenant_id=tenant_id, domain_id=domain_id, progress=advance
             )
@@ -162,7 +164,7 @@ def _verify_pending(
             verification.task_spec(task)
             for task in verification.pending_tasks(session=session, domain_id=domain_id)
         ]
-    with progress_bar("verifying tasks", quiet, total=len(specs)) as advance:
+    with progress_bar("verifying tasks", is_quiet=quiet, total=len(specs)) as advance:
         results = verification.check_all(
             specs, workers=os.cpu_count() or 1, on_done=lambda _: advance(1)
         )

@@ -136,11 +136,11 @@ def run_ingest(
 
 def _source(ingestor: Ingestor, fingerprint: str) -> Source:
     return Source(
-        ingestor.source_kind,
-        ingestor.source_format,
-        ingestor.source_ref,
-        fingerprint,
-        ingestor.version,
+        kind=ingestor.source_kind,
+        format=ingestor.source_format,
+        ref=ingestor.source_ref,
+        fingerprint=fingerprint,
+        ingestor_version=ingestor.version,
     )
 
 

@@ -60,11 +60,23 @@ app.add_typer(runs.runs, name="runs")
 @functools.cache  # once per process
 def _add_plugins() -> None:
     """Commands other packages register under the `flywheel.cli` entry-point group
-    (`flywheel ingest` from `ingest/`): a Typer app
-    becomes a command group, a function a command. Loaded on the first `main()`, not at
-    import, so a plugin may import `flywheel.cli` modules itself."""
+    (`flywheel ingest` from `ingest/`): a Typer app becomes a command group, a function a
+    command. Loaded on the first `main()`, not at import, so a plugin may import
+    `flywheel.cli` modules itself. A plugin named like a built-in command is passed over (an
+    install from before `compile`, `forget` and `demo` moved into flywheel still lists them);
+    one that does not load is a one-line error naming the fix."""
+    built_in = {command.name for command in app.registered_commands}
+    built_in |= {group.name for group in app.registered_groups}
     for plugin in entry_points(group="flywheel.cli"):
-        command = plugin.load()
+        if plugin.name in built_in:  # an install from before the command moved into flywheel
+            continue
+        try:
+            command = plugin.load()
+        except (ImportError, AttributeError) as error:
+            raise FlywheelError(
+                f"the `flywheel {plugin.name}` plugin ({plugin.value}) does not load ({error}): "
+                "reinstall the package (pip install -e .)"
+            ) from error
         if isinstance(command, typer.Typer):
             app.add_typer(command, name=plugin.name)
         else:
@@ -73,8 +85,8 @@ def _add_plugins() -> None:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; errors become `error: ...` on one line and a non-zero exit code."""
-    _add_plugins()
     try:
+        _add_plugins()
         # Without standalone mode, click returns a typer.Exit's code instead of raising it.
         result = app(args=argv, standalone_mode=False)
     except NoArgsIsHelpError as error:

@@ -61,10 +61,10 @@ def emit(data: Any, *, as_json: bool, text: str) -> None:
 
 
 @contextmanager
-def progress_bar(label: str, quiet: bool, total: int | None = None) -> Iterator[Any]:
+def progress_bar(label: str, *, is_quiet: bool, total: int | None = None) -> Iterator[Any]:
     """A progress bar on stderr (records handled so far); silent with --json."""
     columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-    with Progress(*columns, console=Console(stderr=True), disable=quiet, transient=True) as bar:
+    with Progress(*columns, console=Console(stderr=True), disable=is_quiet, transient=True) as bar:
         task = bar.add_task(label, total=total)
         yield lambda count: bar.advance(task, count)
 

@@ -34,7 +34,7 @@ def compile_command(
         with unit_of_work(sessions) as session:
             tenant_id = resolve_tenant_id(session, tenant)
             domain_id = None if domain is None else get_domain(session, tenant_id, domain).id
-        with progress_bar("compiling prompts", as_json) as advance:
+        with progress_bar("compiling prompts", is_quiet=as_json) as advance:
             report = compile_feedback(
                 sessions, tenant_id=tenant_id, domain_id=domain_id, progress=advance, link=True
             )

@@ -41,8 +41,9 @@ def train(
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             found = get_domain(session, resolve_tenant_id(session, tenant), domain)
-            number = dataset_version
-            version_id = None if number is None else get_version(session, found, number).id
+            version_id = (
+                None if dataset_version is None else get_version(session, found, dataset_version).id
+            )
         request = TrainRequest(
             domain=found,
             method=method,

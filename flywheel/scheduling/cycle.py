@@ -16,6 +16,8 @@ Every step's status, start, end, duration and result are kept on the cycle's Run
 each finishes. A cycle that crashed, was killed or failed resumes at its first unfinished step
 (`flywheel cycle` again, or the worker's retried job); the steps before it are not redone.
 A running cycle beats a heartbeat and checks for cancellation between and during steps.
+The domain is looked up once, when the run is claimed; every step works with that row (and
+the configuration it had then), passing ids down.
 """
 
 from __future__ import annotations

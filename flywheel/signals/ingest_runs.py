@@ -6,7 +6,6 @@ how it ended), and the lock that keeps two runs off the same source.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,7 +15,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.db import utcnow
+from flywheel.db import advisory_key, utcnow
 from flywheel.errors import Conflict
 from flywheel.signals.models import IngestRun
 
@@ -46,8 +45,7 @@ def source_lock(
     if engine.dialect.name != "postgresql":
         yield
         return
-    digest = hashlib.sha256(f"ingest:{domain_id}:{fingerprint}".encode()).digest()
-    key = int.from_bytes(digest[:8], "big", signed=True)
+    key = advisory_key("ingest", domain_id, fingerprint)
     with engine.connect() as connection:
         if not connection.execute(select(func.pg_try_advisory_lock(key))).scalar():
             raise Conflict("another run is ingesting this source into this domain right now")

@@ -32,6 +32,10 @@ from flywheel.signals.candidates import (
 from flywheel.signals.content import content_sha256
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
+SIGNAL_TABLES: dict[str, Table] = {
+    model.__tablename__: model.__table__  # type: ignore[misc]
+    for model in (SftExample, PreferencePair, LabeledCompletion, VerifiableTask)
+}
 INTERACTIONS: Table = Interaction.__table__  # type: ignore[assignment]
 FEEDBACK_EVENTS: Table = FeedbackEvent.__table__  # type: ignore[assignment]
 
@@ -191,12 +195,6 @@ def store_one(
     if existing is None:  # deleted in between: never guess
         raise Conflict("the same content was stored and removed meanwhile; try again")
     return existing, False
-
-
-SIGNAL_TABLES: dict[str, Table] = {
-    model.__tablename__: model.__table__  # type: ignore[misc]
-    for model in (SftExample, PreferencePair, LabeledCompletion, VerifiableTask)
-}
 
 
 class _Redactor:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterator
+from importlib.metadata import EntryPoint
 from pathlib import Path
 from typing import Any
 
@@ -135,3 +137,38 @@ def test_init_on_the_embedded_default(workspace: Path, capsys: pytest.CaptureFix
     code, out, _ = run_cli(capsys, "db", "current", "--json")
     current = json.loads(out)
     assert current["revision"] == current["head"]
+
+
+@pytest.fixture
+def plugins(monkeypatch: pytest.MonkeyPatch) -> Iterator[list[EntryPoint]]:
+    """The `flywheel.cli` entry points the CLI sees, as the test sets them; loaded afresh."""
+    from flywheel import cli
+
+    found: list[EntryPoint] = []
+    monkeypatch.setattr(cli, "entry_points", lambda **_: found)
+    cli._add_plugins.cache_clear()
+    yield found
+    cli._add_plugins.cache_clear()  # the next main() loads the installed ones again
+
+
+def test_a_stale_plugin_of_a_built_in_command_is_passed_over(
+    plugins: list[EntryPoint], capsys: pytest.CaptureFixture[str]
+) -> None:
+    plugins.append(EntryPoint("compile", "ingest.cli:compile_feedback", "flywheel.cli"))
+
+    code, out, _ = run_cli(capsys, "compile", "--help")
+
+    assert code == 0
+    assert "Compile feedback events" in out
+
+
+def test_a_plugin_that_does_not_load_is_a_one_line_error(
+    plugins: list[EntryPoint], capsys: pytest.CaptureFixture[str]
+) -> None:
+    plugins.append(EntryPoint("gone", "no_such_module.cli:gone", "flywheel.cli"))
+
+    code, _, err = run_cli(capsys, "tenants", "list", "--help")
+
+    assert code == 1
+    assert len(err.strip().splitlines()) == 1
+    assert "reinstall the package" in err

@@ -38,7 +38,8 @@ from flywheel.signals.compile.evidence import psycopg_connection
 from flywheel.signals.store import SIGNAL_TABLES, retract
 
 COMPILER_VERSION = "feedback-compiler/1"
-OWN_ROWS = "t.source_kind = 'feedback' AND t.ingestor_version LIKE 'feedback-compiler/%'"
+OWN_VERSIONS = COMPILER_VERSION.split("/")[0] + "/%"  # any version of this compiler
+OWN_ROWS = f"t.source_kind = 'feedback' AND t.ingestor_version LIKE '{OWN_VERSIONS}'"
 STAGED_COMMON = ("source_ref", "group_key", "content_sha256", "redaction_report", "weight")
 STAGED: dict[str, tuple[str, ...]] = {
     "preference_pairs": (*STAGED_COMMON, "messages", "chosen", "rejected", "why"),
@@ -228,16 +229,10 @@ class Writer:
             self._write_sqlite("groups", [(key,) for key in self.group_keys])
 
     def _execute(self, sql: str) -> Any:
-        types: dict[str, Any] = {
-            "tenant": Uuid(),
-            "domain": Uuid(),
-            "now": UtcDateTime(),
-            "groups": ARRAY(Text()),
-        }
-        params = {**self.params, "groups": self.group_keys}
+        types: dict[str, Any] = {"tenant": Uuid(), "domain": Uuid(), "now": UtcDateTime()}
         used = [name for name in types if f":{name}" in sql]
         statement = text(sql).bindparams(*(bindparam(name, type_=types[name]) for name in used))
-        return self.session.execute(statement, {name: params[name] for name in used})
+        return self.session.execute(statement, {name: self.params[name] for name in used})
 
     def _retract(self, name: str) -> int:
         """Retract the compiler's items of the recompiled groups that were not staged this
@@ -256,7 +251,7 @@ class Writer:
             table,
             table.c.domain_id == self.params["domain"],
             table.c.source_kind == "feedback",
-            table.c.ingestor_version.like("feedback-compiler/%"),
+            table.c.ingestor_version.like(OWN_VERSIONS),
             in_groups,
             table.c.content_sha256.not_in(select(staged.c.content_sha256)),
         )
