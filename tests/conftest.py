@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from api.app import create_app
 from flywheel import migrate
 from flywheel.cli.common import commands_use_sessions
-from flywheel.db import make_session_factory, unit_of_work
+from flywheel.db import make_engine, make_session_factory, unit_of_work
 from flywheel.feedback.service import NewFeedback
 from flywheel.models import Base
 from flywheel.settings import Settings
@@ -110,13 +110,25 @@ def session_settings(database_url: str, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def engine(session_settings: Settings) -> Iterator[Engine]:
-    from flywheel.db import make_engine
-
+    """The engine of the tests' outer transactions (on SQLite, with savepoints that work)."""
     engine = make_engine(session_settings)
     if engine.dialect.name == "sqlite":
         _emit_sqlite_begin(engine)
     yield engine
     engine.dispose()
+
+
+@pytest.fixture(scope="session")
+def committing_engine(engine: Engine, session_settings: Settings) -> Iterator[Engine]:
+    """The engine of tests marked `commits`, exactly as the product builds it: on SQLite the
+    BEGIN workaround would change locking (a read would open the transaction, and a writer in
+    WAL mode whose snapshot went stale fails with "database is locked" instead of waiting)."""
+    if engine.dialect.name != "sqlite":
+        yield engine
+        return
+    committing = make_engine(session_settings)
+    yield committing
+    committing.dispose()
 
 
 def _emit_sqlite_begin(engine: Engine) -> None:
@@ -146,8 +158,9 @@ def sessions(request: pytest.FixtureRequest, engine: Engine) -> Iterator[session
     """The test's sessions: inside its one outer transaction, rolled back afterwards (a commit
     releases a savepoint); for tests marked `commits`, plain sessions and emptied tables."""
     if request.node.get_closest_marker("commits") is not None:
-        yield make_session_factory(engine)
-        _empty_tables(engine)
+        committing = request.getfixturevalue("committing_engine")
+        yield make_session_factory(committing)
+        _empty_tables(committing)
         return
     with engine.connect() as connection:
         transaction = connection.begin()
