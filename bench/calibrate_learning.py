@@ -3,7 +3,8 @@
     python -m bench.calibrate_learning [--seed 0] [--threads 1] [--grpo-mode merge]
 
 A script, not a test (it lives in bench/, outside the test suite): the learning-signal tests
-(tests/finetune/test_learning.py) assert thresholds taken from what this prints, with room for seeds and machines. The chain:
+(tests/finetune/test_learning.py) assert thresholds taken from what this prints, with room
+for seeds and machines. The chain:
 
 1. pretrain a tiny Llama on the synthetic broad slice (no-carry sums), full parameters;
 2. LoRA SFT on the train split (carries and broad): held-out (carry) exact match up, back to
