@@ -6,6 +6,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from sqlalchemy.orm import Session, sessionmaker
 
 import flywheel
 from api import datasets, feedback, health, registry, runs, signals
@@ -16,14 +17,22 @@ from flywheel.db import make_engine, make_session_factory
 from flywheel.settings import Settings
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, sessions: sessionmaker[Session] | None = None
+) -> FastAPI:
+    """The application on the configured database, closed on shutdown; or on `sessions`, a
+    session factory the caller owns (the test suite's joins each test's one transaction)."""
     settings = settings or Settings()
-    engine = make_engine(settings)
+    engine = None
+    if sessions is None:
+        engine = make_engine(settings)
+        sessions = make_session_factory(engine)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
-        engine.dispose()
+        if engine is not None:
+            engine.dispose()
 
     app = FastAPI(
         title="Flywheel",
@@ -32,9 +41,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         lifespan=lifespan,
     )
     metrics = ApiMetrics()
-    sessions = make_session_factory(engine)
     app.state.settings = settings
-    app.state.engine = engine
     app.state.sessions = sessions
     app.state.metrics = metrics
     app.state.authenticator = KeyAuthenticator(sessions, ttl_s=settings.auth_cache_ttl_s)

@@ -21,8 +21,8 @@ async def healthz() -> Health:
 @router.get("/readyz", responses={503: {"model": ErrorBody}}, response_model=Health)
 def readyz(request: Request) -> Response:
     try:
-        with request.app.state.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
+        with request.app.state.sessions() as session:
+            session.execute(text("SELECT 1"))
     except SQLAlchemyError as error:
         return error_response(
             503, "database_unavailable", f"database unreachable: {type(error).__name__}"

@@ -21,7 +21,7 @@ from detect_secrets.core.scan import scan_line
 from detect_secrets.settings import default_settings
 
 from flywheel.redaction import redact
-from tests.redaction_corpus import build_corpus, code_snippets, score
+from tests.fixtures.redaction_corpus import build_corpus, code_snippets, score
 
 CLEAN_SENTENCES = [
     "Thanks for getting back to me so quickly.",

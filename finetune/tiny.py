@@ -32,7 +32,7 @@ EOS = "<|eos|>"
 ROLE_TOKENS = ("<|system|>", "<|user|>", "<|assistant|>")
 SPECIAL_TOKENS = (PAD, EOS, *ROLE_TOKENS)
 
-# Calibrated on 2 CPU cores (tests/finetune/calibrate_learning.py): 800 steps of these teach
+# Calibrated on 2 CPU cores (bench/calibrate_learning.py): 800 steps of these teach
 # the default 2x64 model the synthetic broad slice (exact match 1.0) in 30-40 s. Fewer steps
 # leave a base LoRA adapts far worse (600: SFT exact match 0.28 where 800 gives 0.77).
 PRETRAIN_LEARNING_RATE = 4e-3

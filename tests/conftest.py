@@ -2,6 +2,12 @@
 
 The schema is built by running the migrations, once per session; every test starts from empty
 tables. When PostgreSQL cannot be reached the tests error — they never skip.
+
+Each test runs inside one outer transaction that is rolled back afterwards (SQLAlchemy's
+"joining a Session into an external transaction"): the product's commits release savepoints,
+and the app (`client`) and in-process commands (`on_test_database`) join the same connection.
+A test whose rows other connections, processes or threads must see is marked
+`@pytest.mark.commits("why")`: it commits for real, and the tables are emptied afterwards.
 """
 
 from __future__ import annotations
@@ -11,16 +17,18 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import create_engine, make_url, text
-from sqlalchemy.engine import Engine
+from sqlalchemy import create_engine, event, make_url, text
+from sqlalchemy.engine import Connection, Engine
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from flywheel import migrate
-from flywheel.db import make_session_factory, unit_of_work
+from flywheel.cli.common import commands_use_sessions
+from flywheel.db import make_engine, make_session_factory, unit_of_work
 from flywheel.feedback.service import NewFeedback
 from flywheel.models import Base
 from flywheel.settings import Settings
@@ -34,7 +42,8 @@ POSTGRES_ADMIN_URL = os.environ.get(
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On SQLite, leave out (deselect, not skip) what only PostgreSQL can show, and what never
-    touches a database (training: minutes that the PostgreSQL pass already spent)."""
+    touches the test database (training, pure functions, the quickstart's own embedded
+    database: the PostgreSQL pass already ran them)."""
     if BACKEND != "sqlite":
         return
     kept = [
@@ -42,6 +51,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for item in items
         if item.get_closest_marker("postgres_only") is None
         and item.get_closest_marker("no_database") is None
+        and "database_url" in getattr(item, "fixturenames", ())
     ]
     config.hook.pytest_deselected(items=[item for item in items if item not in kept])
     items[:] = kept
@@ -100,17 +110,85 @@ def session_settings(database_url: str, tmp_path_factory: pytest.TempPathFactory
 
 @pytest.fixture(scope="session")
 def engine(session_settings: Settings) -> Iterator[Engine]:
-    from flywheel.db import make_engine
-
+    """The engine of the tests' outer transactions (on SQLite, with savepoints that work)."""
     engine = make_engine(session_settings)
+    if engine.dialect.name == "sqlite":
+        _emit_sqlite_begin(engine)
     yield engine
     engine.dispose()
 
 
+@pytest.fixture(scope="session")
+def committing_engine(engine: Engine, session_settings: Settings) -> Iterator[Engine]:
+    """The engine of tests marked `commits`, exactly as the product builds it: on SQLite the
+    BEGIN workaround would change locking (a read would open the transaction, and a writer in
+    WAL mode whose snapshot went stale fails with "database is locked" instead of waiting)."""
+    if engine.dialect.name != "sqlite":
+        yield engine
+        return
+    committing = make_engine(session_settings)
+    yield committing
+    committing.dispose()
+
+
+def _emit_sqlite_begin(engine: Engine) -> None:
+    """SQLAlchemy's documented pysqlite workaround, so that SAVEPOINTs work: the driver emits
+    no BEGIN of its own, the engine emits one when a transaction starts. The product's
+    connect settings (WAL, foreign keys, busy timeout) still apply, and are checked here."""
+
+    @event.listens_for(engine, "connect")
+    def no_driver_begin(dbapi_connection: Any, _record: Any) -> None:
+        dbapi_connection.isolation_level = None
+
+    @event.listens_for(engine, "begin")
+    def emit_begin(connection: Connection) -> None:
+        connection.exec_driver_sql("BEGIN")
+
+    with engine.connect() as connection:
+        pragmas = [
+            connection.exec_driver_sql(f"PRAGMA {name}").scalar()
+            for name in ("journal_mode", "foreign_keys", "busy_timeout")
+        ]
+    if pragmas != ["wal", 1, 30000]:
+        raise RuntimeError(f"the test engine lost the product's SQLite settings: {pragmas}")
+
+
 @pytest.fixture
-def sessions(engine: Engine) -> Iterator[sessionmaker[Session]]:
-    yield make_session_factory(engine)
-    _empty_tables(engine)
+def sessions(request: pytest.FixtureRequest, engine: Engine) -> Iterator[sessionmaker[Session]]:
+    """The test's sessions: inside its one outer transaction, rolled back afterwards (a commit
+    releases a savepoint); for tests marked `commits`, plain sessions and emptied tables."""
+    if request.node.get_closest_marker("commits") is not None:
+        committing = request.getfixturevalue("committing_engine")
+        yield make_session_factory(committing)
+        _empty_tables(committing)
+        return
+    with engine.connect() as connection:
+        transaction = connection.begin()
+        try:
+            yield sessionmaker(
+                bind=connection, join_transaction_mode="create_savepoint", expire_on_commit=False
+            )
+        finally:
+            transaction.rollback()
+    _refuse_leftover_rows(engine)
+
+
+def _refuse_leftover_rows(engine: Engine) -> None:
+    """Rows committed outside the test's transaction would leak into the next tests: empty the
+    tables and fail, naming the marker the test needs."""
+    tables = [table.name for table in Base.metadata.sorted_tables]
+    probe = " UNION ALL ".join(
+        f"SELECT '{name}' WHERE EXISTS (SELECT 1 FROM {name})" for name in tables
+    )
+    with engine.connect() as connection:
+        filled = list(connection.exec_driver_sql(probe).scalars())
+    if filled:
+        _empty_tables(engine)
+        pytest.fail(
+            f"rows committed outside the test's transaction (in {', '.join(filled)}): "
+            "another connection, process or thread wrote them; mark the test "
+            '@pytest.mark.commits("why")'
+        )
 
 
 def _empty_tables(engine: Engine) -> None:
@@ -132,7 +210,7 @@ def settings(session_settings: Settings) -> Settings:
 
 @pytest.fixture
 def client(settings: Settings, sessions: sessionmaker[Session]) -> Iterator[TestClient]:
-    with TestClient(create_app(settings)) as test_client:
+    with TestClient(create_app(settings, sessions=sessions)) as test_client:
         yield test_client
 
 
@@ -211,10 +289,12 @@ def run_cli(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, s
 @pytest.fixture
 def on_test_database(
     database_url: str, sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
-) -> sessionmaker[Session]:
-    """The CLI's configured database is the test database."""
+) -> Iterator[sessionmaker[Session]]:
+    """The CLI's configured database is the test database; commands run in-process (`run_cli`)
+    use the test's sessions, so they join its transaction."""
     monkeypatch.setenv("FLYWHEEL_DATABASE_URL", database_url)
-    return sessions
+    with commands_use_sessions(sessions):
+        yield sessions
 
 
 @pytest.fixture

@@ -7,6 +7,7 @@ import sys
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any
 
 import typer
@@ -27,9 +28,36 @@ def settings() -> Settings:
     return Settings()
 
 
+# Set by `commands_use_sessions`; None: commands open the configured database.
+_given_sessions: ContextVar[sessionmaker[Session] | None] = ContextVar(
+    "flywheel_cli_sessions", default=None
+)
+
+
+@contextmanager
+def commands_use_sessions(sessions: sessionmaker[Session]) -> Iterator[None]:
+    """Commands run in this block (in-process, in this thread) use `sessions` instead of
+    opening the configured database.
+
+    It exists for in-process callers that own the transaction: the test suite runs each
+    command inside the test's one outer transaction and rolls it back afterwards, which a
+    command opening its own engine could not join. The caller owns and closes `sessions`.
+    """
+    token = _given_sessions.set(sessions)
+    try:
+        yield
+    finally:
+        _given_sessions.reset(token)
+
+
 @contextmanager
 def database_sessions() -> Iterator[sessionmaker[Session]]:
-    """Sessions on the configured database, refusing a schema that is not at head."""
+    """Sessions on the configured database, refusing a schema that is not at head
+    (or the sessions given by `commands_use_sessions`, as they are)."""
+    given = _given_sessions.get()
+    if given is not None:
+        yield given
+        return
     current = settings()
     engine = make_engine(current)
     try:

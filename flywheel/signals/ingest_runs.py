@@ -41,7 +41,7 @@ def source_lock(
     """One run at a time per (domain, source): two would resume from the same checkpoint and
     overwrite each other's counts. A PostgreSQL session lock, so a crashed process's lock goes
     with its connection; SQLite serialises writers itself."""
-    engine = sessions.kw["bind"]
+    engine = sessions.kw["bind"].engine  # bound to an engine, or to a caller's connection
     if engine.dialect.name != "postgresql":
         yield
         return

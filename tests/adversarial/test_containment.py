@@ -182,14 +182,21 @@ def add(a, b):
 
 
 def test_kill_everything_leaves_the_caller_alive(run: Run) -> None:
-    verdict = run(
-        in_call(
-            "import os, signal\nos.kill(-1, signal.SIGKILL)\nos.kill(os.getppid(), signal.SIGKILL)"
+    # A process of the caller's, outside the sandbox: kill(-1) must not reach it.
+    bystander = subprocess.Popen(["sleep", "60"])
+    try:
+        verdict = run(
+            in_call(
+                "import os, signal\nos.kill(-1, signal.SIGKILL)\n"
+                "os.kill(os.getppid(), signal.SIGKILL)"
+            )
         )
-    )
 
-    assert not verdict.is_passed
-    assert os.getpid() > 0  # we are still here to assert
+        assert not verdict.is_passed
+        assert bystander.poll() is None  # still running, not killed
+    finally:
+        bystander.kill()
+        bystander.wait()
 
 
 def test_daemons_do_not_survive(run: Run) -> None:

@@ -140,7 +140,7 @@ def test_body_lying_about_its_length_is_413_without_being_read_whole(
     settings: Settings, acme: Caller, sessions: sessionmaker[Session]
 ) -> None:
     """A body longer than its Content-Length claims is cut off once it passes the cap."""
-    app = create_app(settings.model_copy(update={"max_body_bytes": 4096}))
+    app = create_app(settings.model_copy(update={"max_body_bytes": 4096}), sessions=sessions)
     chunks_read = 0
     sent: list[dict[str, object]] = []
 

@@ -111,6 +111,7 @@ def test_malformed_idempotency_key_is_422(
 
 
 @pytest.mark.postgres_only
+@pytest.mark.commits("writers race from threads, each in its own transaction")
 def test_concurrent_duplicates_write_one_row(acme: Caller, sessions: sessionmaker[Session]) -> None:
     """Eight writers race with one key, each in its own transaction: one row, one id."""
     writers = 8
@@ -143,6 +144,7 @@ def test_concurrent_duplicates_write_one_row(acme: Caller, sessions: sessionmake
 
 
 @pytest.mark.postgres_only
+@pytest.mark.commits("writers race from threads, each in its own transaction")
 def test_concurrent_different_bodies_one_wins_others_conflict(
     acme: Caller, sessions: sessionmaker[Session]
 ) -> None:

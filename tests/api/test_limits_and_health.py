@@ -16,7 +16,7 @@ def test_rate_limit_is_429_with_retry_after_per_key(
 ) -> None:
     other = make_caller(sessions, tenant="globex")
     limited = settings.model_copy(update={"rate_limit_per_s": 0.01, "rate_limit_burst": 2})
-    with TestClient(create_app(limited)) as client:
+    with TestClient(create_app(limited, sessions=sessions)) as client:
         statuses = [
             client.post("/v1/feedback", json=RATING, headers=acme.headers).status_code
             for _ in range(3)

@@ -40,7 +40,9 @@ def test_no_server_errors_and_responses_match_the_schema(
     label: str, settings: Settings, sessions: sessionmaker[Session]
 ) -> None:
     caller = make_caller(sessions, scopes=("admin",))
-    schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(settings))
+    schema = schemathesis.openapi.from_asgi(
+        "/openapi.json", create_app(settings, sessions=sessions)
+    )
     operation = next(
         result.ok() for result in schema.get_all_operations() if result.ok().label == label
     )

@@ -13,7 +13,7 @@ two-digit addition — the sums without a carry — so it knows the format but n
   model is back to the SFT model's reward.
 
 Each check fails if the LoRA weights are not applied. Settings come from
-`tests/finetune/calibrate_learning.py`, which prints every number on this machine.
+`bench/calibrate_learning.py`, which prints every number on this machine.
 """
 
 from __future__ import annotations

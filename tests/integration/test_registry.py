@@ -231,6 +231,7 @@ def test_an_unreachable_mlflow_is_a_clear_error_and_no_move(
 
 
 @pytest.mark.postgres_only
+@pytest.mark.commits("the second promotion waits on the first's lock from its own transaction")
 def test_two_concurrent_promotions_one_wins_the_other_conflicts(
     on_test_database: sessionmaker[Session], acme: Caller, tracking_uri: str, tmp_path: Path
 ) -> None:

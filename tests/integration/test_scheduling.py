@@ -469,6 +469,7 @@ def test_a_job_already_waiting_for_the_domain_refuses_another_and_writes_nothing
 
 @pytest.mark.postgres_only
 @pytest.mark.usefixtures("job_tables")
+@pytest.mark.commits("two ticks race from threads, each in its own transaction")
 def test_racing_ticks_decide_a_period_once(sessions: sessionmaker[Session], acme: Caller) -> None:
     configure(sessions, acme, {"cycle": {"min_new_signal": 1}})
     add_items(sessions, acme, 3)
@@ -669,6 +670,7 @@ def succeeded_ticks(sessions: sessionmaker[Session]) -> int:
 
 
 @pytest.mark.postgres_only
+@pytest.mark.commits("real flywheel worker processes read and write the rows")
 def test_two_workers_and_one_schedule_period_give_exactly_one_cycle(
     sessions: sessionmaker[Session], quick_domain: Caller, workers: Callable[..., Workers]
 ) -> None:
@@ -708,6 +710,7 @@ def test_two_workers_and_one_schedule_period_give_exactly_one_cycle(
 
 
 @pytest.mark.postgres_only
+@pytest.mark.commits("real flywheel worker processes read and write the rows")
 def test_a_worker_killed_mid_training_has_its_cycle_resumed_by_another(
     sessions: sessionmaker[Session],
     quick_domain: Caller,
@@ -744,6 +747,7 @@ def test_a_worker_killed_mid_training_has_its_cycle_resumed_by_another(
 
 
 @pytest.mark.postgres_only
+@pytest.mark.commits("real flywheel worker processes read and write the rows")
 def test_a_second_cycle_of_a_running_domain_waits_for_the_first(
     sessions: sessionmaker[Session],
     quick_domain: Caller,

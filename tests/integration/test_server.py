@@ -132,6 +132,7 @@ def test_quickstart_on_the_embedded_default(tmp_path: Path) -> None:
 
 
 @pytest.mark.postgres_only
+@pytest.mark.commits("flywheel CLI and uvicorn subprocesses write the rows")
 def test_two_workers_concurrent_duplicates_write_one_row(
     database_url: str, sessions: sessionmaker[Session], tmp_path: Path
 ) -> None:

@@ -99,14 +99,10 @@ def test_malformed_task_file_names_the_line(
     assert "line 2" in err
 
 
+@pytest.mark.usefixtures("on_test_database")
 def test_domain_mode_records_status_and_reason(
-    acme: Caller,
-    sessions: sessionmaker[Session],
-    database_url: str,
-    monkeypatch: pytest.MonkeyPatch,
-    capsys: pytest.CaptureFixture[str],
+    acme: Caller, sessions: sessionmaker[Session], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    monkeypatch.setenv("FLYWHEEL_DATABASE_URL", database_url)
     with unit_of_work(sessions) as session:
         domain = session.scalars(select(Domain)).one()
         for task in (GOOD, WEAK):

@@ -19,7 +19,7 @@ from flywheel.redaction.checksums import (
     luhn_complete,
     luhn_valid,
 )
-from tests.redaction_corpus import build_corpus, code_snippets, score
+from tests.fixtures.redaction_corpus import build_corpus, code_snippets, score
 
 
 @pytest.mark.parametrize(

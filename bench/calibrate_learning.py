@@ -1,9 +1,10 @@
 """Calibrate the learning-signal tests: run the whole chain on CPU and print every number.
 
-    python tests/finetune/calibrate_learning.py [--seed 0] [--threads 1] [--grpo-mode merge]
+    python -m bench.calibrate_learning [--seed 0] [--threads 1] [--grpo-mode merge]
 
-A script, not a test (no `test_` prefix, pytest never collects it): the learning-signal tests
-assert thresholds taken from what this prints, with room for seeds and machines. The chain:
+A script, not a test (it lives in bench/, outside the test suite): the learning-signal tests
+(tests/finetune/test_learning.py) assert thresholds taken from what this prints, with room
+for seeds and machines. The chain:
 
 1. pretrain a tiny Llama on the synthetic broad slice (no-carry sums), full parameters;
 2. LoRA SFT on the train split (carries and broad): held-out (carry) exact match up, back to
@@ -41,8 +42,8 @@ from peft import LoraConfig, PeftModel
 from transformers import AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
 from trl import DPOConfig, DPOTrainer, GRPOConfig, GRPOTrainer, SFTConfig, SFTTrainer
 
-ROOT = Path(__file__).resolve().parents[2]
-if str(ROOT) not in sys.path:  # run as a plain script from anywhere
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # also runs as a plain script: python bench/calibrate_learning.py
     sys.path.insert(0, str(ROOT))
 
 from finetune import synthetic, tiny  # noqa: E402 - needs the repository root on sys.path
