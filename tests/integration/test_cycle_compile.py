@@ -1,7 +1,7 @@
 """A cycle's compile step is the feedback compiler itself, called directly: it compiles the
 domain's new feedback even when the installed package registers no entry points at all (a
 step that looked its compilers up by entry point compiled nothing then, silently). The cycle
-stops at the build here (one prompt: no eval items), before any training."""
+stops at the build here (one prompt: no eval or no training items), before any training."""
 
 from __future__ import annotations
 
@@ -44,5 +44,8 @@ def test_the_compile_step_compiles_new_feedback_with_no_plugin_installed(
         compiled["result"]["feedback"]["events_read"],
     ) == (1, 1)
     assert count_rows(sessions, "preference_pairs") == 1
-    assert outcome.status == "failed"
-    assert "no eval items" in (outcome.error or "")
+    # one prompt is one group: the build puts it in train or in eval (a hash of the domain id
+    # decides), so the cycle stops there, with no eval items or no training items
+    assert list(outcome.steps) == ["compile", "build"]
+    assert outcome.status in ("failed", "skipped")
+    assert "no eval items" in (outcome.error or "") or "no training items" in (outcome.error or "")
