@@ -30,6 +30,7 @@ pytestmark = [
         "ignore:`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated:FutureWarning"
     ),
     pytest.mark.commits("a running cycle's heartbeat thread writes from its own session"),
+    pytest.mark.trains,
 ]
 STEPS = ["compile", "build", "train_sft", "evaluate", "promote"]
 

@@ -18,9 +18,12 @@ from flywheel.models import Domain, ModelVersion
 from tests.conftest import Caller, run_cli
 from tests.finetune.test_train_cli import QUICK, build_version
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated:FutureWarning"
-)
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated:FutureWarning"
+    ),
+    pytest.mark.trains,
+]
 
 
 def test_eval_scores_gates_and_stores_the_decision(

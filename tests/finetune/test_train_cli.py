@@ -21,9 +21,12 @@ from flywheel.signals.candidates import PairCandidate, Provenance, SftCandidate
 from flywheel.signals.store import store_candidates
 from tests.conftest import Caller, run_cli
 
-pytestmark = pytest.mark.filterwarnings(
-    "ignore:`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated:FutureWarning"
-)
+pytestmark = [
+    pytest.mark.filterwarnings(
+        "ignore:`(is_)?gradient_checkpointing(_enable|_disable)?` is deprecated:FutureWarning"
+    ),
+    pytest.mark.trains,
+]
 QUICK = ["max_steps=2", "per_device_train_batch_size=4", "logging_steps=1", "save_steps=1"]
 
 
