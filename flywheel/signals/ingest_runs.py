@@ -80,17 +80,7 @@ def open_ingest_run(
         .with_for_update()
     ).first()
     if run is None:
-        run = IngestRun(
-            tenant_id=tenant_id,
-            domain_id=domain_id,
-            source_kind=source.kind,
-            source_format=source.format,
-            source_ref=source.ref[:MAX_SOURCE_REF],
-            source_sha256=source.fingerprint,
-            ingestor_version=source.ingestor_version,
-            checkpoint={"position": 0},
-            counts=counts,
-        )
+        run = _new_run(tenant_id, domain_id, source, checkpoint={"position": 0}, counts=counts)
         session.add(run)
     run.status, run.error = "running", None
     session.flush()
@@ -109,14 +99,10 @@ def record_ingest_run(
     error: str | None = None,
 ) -> IngestRun:
     """A run recorded whole when it ends: a compile, which has no batches to resume from."""
-    run = IngestRun(
-        tenant_id=tenant_id,
-        domain_id=domain_id,
-        source_kind=source.kind,
-        source_format=source.format,
-        source_ref=source.ref[:MAX_SOURCE_REF],
-        source_sha256=source.fingerprint,
-        ingestor_version=source.ingestor_version,
+    run = _new_run(
+        tenant_id,
+        domain_id,
+        source,
         status=status,
         checkpoint=checkpoint,
         counts=counts,
@@ -126,6 +112,21 @@ def record_ingest_run(
     session.add(run)
     session.flush()
     return run
+
+
+def _new_run(
+    tenant_id: uuid.UUID, domain_id: uuid.UUID, source: Source, **fields: Any
+) -> IngestRun:
+    return IngestRun(
+        tenant_id=tenant_id,
+        domain_id=domain_id,
+        source_kind=source.kind,
+        source_format=source.format,
+        source_ref=source.ref[:MAX_SOURCE_REF],
+        source_sha256=source.fingerprint,
+        ingestor_version=source.ingestor_version,
+        **fields,
+    )
 
 
 def checkpoint_ingest_run(
