@@ -235,13 +235,14 @@ def get_version(session: Session, domain: Domain, number: int) -> DatasetVersion
     return found
 
 
-def latest_version(*, session: Session, domain_id: uuid.UUID) -> DatasetVersion | None:
-    return session.scalars(
-        select(DatasetVersion)
-        .where(DatasetVersion.domain_id == domain_id)
-        .order_by(DatasetVersion.version.desc())
-        .limit(1)
-    ).first()
+def latest_version(
+    *, session: Session, domain_id: uuid.UUID, is_untainted: bool = False
+) -> DatasetVersion | None:
+    """The domain's newest version (with `is_untainted`, its newest untainted one)."""
+    query = select(DatasetVersion).where(DatasetVersion.domain_id == domain_id)
+    if is_untainted:
+        query = query.where(DatasetVersion.tainted_at.is_(None))
+    return session.scalars(query.order_by(DatasetVersion.version.desc()).limit(1)).first()
 
 
 @dataclass

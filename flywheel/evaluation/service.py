@@ -31,6 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.reader import export_dataset_version, version_lineage
+from flywheel.datasets.service import latest_version
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput, InvalidState, NotFound, RegistryUnavailable
 from flywheel.evaluation.gate import Evaluation, GateDecision, GatePolicy, decide
@@ -145,12 +146,7 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
     if target is None:
         which = f"version {request.version!r}" if request.version else "registered versions"
         raise NotFound(f"{domain.name} has no {which}: flywheel train ... first")
-    dataset = session.scalars(
-        select(DatasetVersion)
-        .where(DatasetVersion.domain_id == domain.id, DatasetVersion.tainted_at.is_(None))
-        .order_by(DatasetVersion.version.desc())
-        .limit(1)
-    ).first()
+    dataset = latest_version(session=session, domain_id=domain.id, is_untainted=True)
     if dataset is None:
         raise InvalidState(f"{domain.name} has no untainted dataset version to evaluate on")
     champion = current_champion(session, domain.id)

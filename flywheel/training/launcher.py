@@ -27,11 +27,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.reader import export_dataset_version, refuse_tainted
+from flywheel.datasets.service import latest_version
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.registry.mlflow_registry import MlflowRegistry
@@ -137,15 +137,7 @@ def _version(session: Session, request: TrainRequest) -> DatasetVersion:
     """The requested version of the domain, or its latest untainted one."""
     name = request.domain.name
     if request.dataset_version_id is None:
-        version = session.scalars(
-            select(DatasetVersion)
-            .where(
-                DatasetVersion.domain_id == request.domain.id,
-                DatasetVersion.tainted_at.is_(None),
-            )
-            .order_by(DatasetVersion.version.desc())
-            .limit(1)
-        ).first()
+        version = latest_version(session=session, domain_id=request.domain.id, is_untainted=True)
         if version is None:
             raise NotFound(
                 f"domain {name!r} has no untainted dataset version: "
