@@ -23,8 +23,8 @@ from flywheel.datasets.export_records import (
     SftRecord,
     TaskRecord,
 )
+from flywheel.datasets.items import KINDS
 from flywheel.datasets.models import DatasetMember, DatasetVersion
-from flywheel.datasets.service import KINDS
 from flywheel.errors import InvalidState
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 

@@ -5,8 +5,12 @@ What a version holds:
 - eval: every item of an eval group (flywheel.datasets.split) that is eligible now, plus every
   item any earlier version held in eval (the eval set is append-only and frozen);
 - train: eligible items of train groups that no earlier version held (new), plus a replay
-  share of those it did (so adapters do not forget), minus what overlaps the eval set (13-gram
-  overlap or near-duplicate: flywheel.datasets.decontamination), counted in the stats.
+  share of those it did (so adapters do not forget), minus what overlaps the eval set: the
+  same prompt key (`flywheel.datasets.items`: the same question, whatever the answer, from
+  this domain, a replay or a mix), 13-gram overlap or near-duplicate
+  (flywheel.datasets.decontamination), counted by reason in the stats' `contaminated`;
+- a new eval item whose prompt key an earlier version trained on is withheld from eval (it
+  stays in its eval group, so out of train too), counted in `withheld_from_eval`.
 Eligible: weight > 0 (retracted items are out), not a near-duplicate of another item, and for
 code tasks a verifier status of usable.
 
@@ -26,30 +30,32 @@ import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, cast
+from typing import Any, Final, cast
 
-import orjson
-from sqlalchemy import Table, Text, and_, null, or_, select, update
-from sqlalchemy import cast as cast_
+from sqlalchemy import Table, select, update
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked, insert_ignoring_conflicts
 from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
+from flywheel.datasets.items import KINDS, Item, eligible_items, prompt_keys
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import domain_lock, utcnow
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.signals.models import (
     SOURCE_KINDS,
-    LabeledCompletion,
-    PreferencePair,
-    SftExample,
-    VerifiableTask,
 )
 from flywheel.tenancy.models import Domain
 from flywheel.tenancy.service import get_domain
 
 MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
+BUILDER = 2
+"""The build rules' version, kept in each version's stats: a version built by older rules (1:
+before prompt keys kept eval prompts out of train) is rebuilt even when no item is new."""
+PROMPT_KEY: Final = "prompt_key"
+"""Exclusion reason: a train item asks an eval item's question (the same prompt key)."""
+PROMPT_TRAINED: Final = "prompt_trained"
+"""Withheld from eval: a new eval item asks what an earlier version trained on."""
 
 
 @dataclass(frozen=True)
@@ -87,37 +93,6 @@ class DatasetRecipe:
                 raise InvalidInput(f"the weight of source {kind!r} must be >= 0, not {weight}")
 
 
-@dataclass(frozen=True)
-class ItemKind:
-    """One signal table as a source of dataset items."""
-
-    name: str  # "sft", "pair", "label", "task"
-    model: type[SftExample] | type[PreferencePair] | type[LabeledCompletion] | type[VerifiableTask]
-    member_column: str
-
-
-KINDS = (
-    ItemKind("sft", SftExample, "sft_example_id"),
-    ItemKind("pair", PreferencePair, "preference_pair_id"),
-    ItemKind("label", LabeledCompletion, "labeled_completion_id"),
-    ItemKind("task", VerifiableTask, "verifiable_task_id"),
-)
-
-
-@dataclass
-class Item:
-    kind: str
-    id: uuid.UUID
-    group_key: str
-    content_sha256: str
-    weight: float
-    text: str
-    minhash: bytes | None
-    source_kind: str
-    difficulty: float | None = None
-    mixed_from: str | None = None  # the other domain it was mixed in from
-
-
 @dataclass
 class Built:
     """The outcome of a build: the version, and whether it is new (False: nothing changed
@@ -136,7 +111,7 @@ def build_dataset_version(
     domain_lock(session, domain_id, "dataset-build")
     parent = latest_version(session=session, domain_id=domain_id)
     history = _History.load(session, domain_id)
-    eligible = list(_eligible_items(session, domain_id))
+    eligible = list(eligible_items(session, domain_id))
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, history, eligible)
     number = (parent.version + 1) if parent else 1
@@ -146,11 +121,16 @@ def build_dataset_version(
         and not stats["new"]
         and not stats["new_eval"]
         and _same_mix(parent, recipe)
+        and parent.stats.get("builder") == BUILDER
     ):
         return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
+    evaluation, stats["withheld_from_eval"] = _withhold_trained(
+        session, domain_id, evaluation, history
+    )
     train, stats["source_weighted_out"] = _source_weighted(train, recipe.source_weights)
     train, contaminated = _decontaminate(train, [*evaluation, *their_eval], recipe)
     stats["contaminated"] = dict(contaminated)
+    stats["builder"] = BUILDER
     ordered = {"eval": _ordered(evaluation, "none"), "train": _ordered(train, recipe.curriculum)}
     manifest, eval_sha256 = _manifest(ordered, recipe)
     if parent is not None and parent.manifest_sha256 == manifest:
@@ -271,69 +251,6 @@ class _History:
         return cls(seen, evaluated)
 
 
-def _eligible_items(session: Session, domain_id: uuid.UUID) -> Iterator[Item]:
-    """Plain rows (no ORM objects: a build reads every item of the domain), in chunks."""
-    for kind in KINDS:
-        model = kind.model
-        texts = _text_columns(model)
-        difficulty = VerifiableTask.difficulty if model is VerifiableTask else null()
-        query = select(
-            model.id,
-            model.group_key,
-            model.content_sha256,
-            model.weight,
-            model.minhash,
-            model.source_kind,
-            difficulty,
-            *texts,
-        ).where(model.domain_id == domain_id, model.weight > 0, model.duplicate_of_id.is_(None))
-        if model is VerifiableTask:
-            query = query.where(
-                or_(
-                    VerifiableTask.task_kind == "answer",
-                    and_(
-                        VerifiableTask.task_kind == "code",
-                        VerifiableTask.verifier_status == "usable",
-                    ),
-                )
-            )
-        rows = session.execute(query.execution_options(stream_results=True, yield_per=5_000))
-        for item_id, group_key, sha256, weight, minhash, source, ease, *parts in rows:
-            yield Item(
-                kind=kind.name,
-                id=item_id,
-                group_key=group_key,
-                content_sha256=sha256,
-                weight=weight,
-                text=_text_of(parts),
-                minhash=minhash,
-                source_kind=source,
-                difficulty=ease,
-            )
-
-
-def _text_columns(model: Any) -> tuple[Any, ...]:
-    """The columns of the text decontamination compares: what a model would read or write
-    (a task's prompt; a conversation, as JSON text, and its responses)."""
-    if model is VerifiableTask:
-        return (model.prompt,)
-    if model is PreferencePair:
-        return (cast_(model.messages, Text), model.chosen, model.rejected)
-    return (cast_(model.messages, Text), model.completion)
-
-
-def _text_of(parts: list[Any]) -> str:
-    if len(parts) == 1:
-        return str(parts[0])
-    messages_json, *responses = parts
-    messages = orjson.loads(messages_json) if isinstance(messages_json, str) else messages_json
-    # System prompts are left out: a fixed one of 13+ words would make every item "overlap".
-    prompt = "\n".join(
-        str(message.get("content", "")) for message in messages if message.get("role") != "system"
-    )
-    return "\n".join([prompt, *responses])
-
-
 def _same_mix(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:
     """Whether the parent was mixed and weighted as the recipe asks (a changed mix makes a
     new version even when no item is new; the other fields only act on new items)."""
@@ -362,7 +279,7 @@ def _mixed_items(
             )
         )
         evaluated = _History.load(session, other).evaluated
-        for item in _eligible_items(session, other):
+        for item in eligible_items(session, other):
             if item.group_key not in train_groups or (item.kind, item.id) in evaluated:
                 their_eval.append(item)  # or not yet placed: compared against, never drawn
             elif _drawn(f"mix:{other}", item, share):
@@ -462,11 +379,39 @@ def _drawn(salt: str, item: Item, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
 
 
+def _withhold_trained(
+    session: Session, domain_id: uuid.UUID, evaluation: list[Item], history: _History
+) -> tuple[list[Item], dict[str, int]]:
+    """The eval items, less the new ones whose prompt an earlier version of the domain trained
+    on (a model of that lineage would be scored on what it saw): they stay in their eval group
+    and out of train, counted by reason."""
+    new = {(item.kind, item.id) for item in evaluation} - history.evaluated
+    if not new:
+        return evaluation, {}
+    versions = session.scalars(
+        select(DatasetVersion.id).where(DatasetVersion.domain_id == domain_id)
+    )
+    trained = prompt_keys(session, list(versions), "train")
+    kept = [
+        item
+        for item in evaluation
+        if (item.kind, item.id) not in new or item.prompt_key not in trained
+    ]
+    withheld = len(evaluation) - len(kept)
+    return kept, {PROMPT_TRAINED: withheld} if withheld else {}
+
+
 def _decontaminate(
     train: list[Item], evaluation: list[Item], recipe: DatasetRecipe
 ) -> tuple[list[Item], Counter[str]]:
-    """Drop train items that overlap the eval set; the reasons, counted. Both sides are
-    signed from the same one-field text (stored signatures differ per table)."""
+    """Drop train items that overlap the eval set; the reasons, counted. First the exact
+    prompt key (the same question, whatever the answer: catches the short prompts n-grams
+    cannot), then n-gram overlap and near-duplicates, both sides signed from the same
+    one-field text (stored signatures differ per table)."""
+    eval_keys = {item.prompt_key for item in evaluation}
+    kept_by_key = [item for item in train if item.prompt_key not in eval_keys]
+    reasons = Counter({PROMPT_KEY: len(train) - len(kept_by_key)})  # `+` below drops a 0
+    train = kept_by_key
     config = DecontaminationConfig(
         ngram_words=recipe.ngram, near_duplicate_threshold=recipe.near_duplicate_threshold
     )
@@ -475,7 +420,7 @@ def _decontaminate(
         index.contaminated((position, item.text, None) for position, item in enumerate(train))
     )
     kept = [item for position, item in enumerate(train) if position not in dropped]
-    return kept, Counter(dropped.values())
+    return kept, reasons + Counter(dropped.values())
 
 
 def _ordered(items: list[Item], curriculum: str) -> list[Item]:

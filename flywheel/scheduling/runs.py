@@ -16,8 +16,8 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from flywheel.datasets.items import KINDS
 from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.service import KINDS
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, InvalidState, NotFound
 from flywheel.registry.models import Run

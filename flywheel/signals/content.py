@@ -4,12 +4,17 @@
 each part, strings normalised by `normalise_text` (JSON values key-sorted, their strings
 normalised). Writers that already hold normalised parts hash them with `digest` (or
 `messages_digest`, the messages given as their JSON) and get the same key.
+
+`prompt_key(messages)` is what two items must share to ask the same thing (their answers may
+differ): the unit that keeps train and eval apart across domains, mixes and weeks.
 """
 
 from __future__ import annotations
 
 import hashlib
 import unicodedata
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 import orjson
 
@@ -58,3 +63,26 @@ def messages_digest(kind: str, messages_json: bytes, *normalised: object) -> str
     items' JSON between brackets, joined by commas."""
     parts = b",".join([orjson.dumps(kind), messages_json, *map(orjson.dumps, normalised)])
     return hashlib.sha256(b"[" + parts + b"]").hexdigest()
+
+
+def prompt_key(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The identity of a prompt across tables, domains and weeks: the conversation up to the
+    completion, system messages aside, each turn's role and content normalised as content
+    hashes normalise them. Two items with this key ask the model the same thing, whatever
+    they answer (a task's prompt is one user turn: `task_prompt_key`).
+
+    >>> system = {"role": "system", "content": "Be brief."}
+    >>> prompt_key([system, {"role": "user", "content": " 2+2? "}]) == task_prompt_key("2+2?")
+    True
+    """
+    turns = [
+        [str(message.get("role", "")), normalise_text(str(message.get("content") or ""))]
+        for message in messages
+        if message.get("role") != "system"
+    ]
+    return digest("prompt", turns)
+
+
+def task_prompt_key(prompt: str) -> str:
+    """`prompt_key` of a task, whose prompt is the one user turn a model is given."""
+    return prompt_key([{"role": "user", "content": prompt}])

@@ -11,8 +11,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from flywheel.datasets.items import prompt_keys
 from flywheel.datasets.models import DatasetMember
 from flywheel.datasets.service import Built, DatasetRecipe, build_dataset_version
+from flywheel.datasets.split import Split
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput
 from flywheel.models import Domain, SftExample, Tenant
@@ -173,6 +175,7 @@ def _ids_by_source(
         (("--mix", "billing=0.5"), "the one being built"),
         (("--mix", "support"), "NAME=NUMBER"),
         (("--mix", "support=2"), "(0, 1]"),
+        (("--mix", "support=0"), "(0, 1]"),
         (("--source-weight", "ticket=-1"), ">= 0"),
         (("--source-weight", "email=1"), "unknown source kind"),
     ],
@@ -214,3 +217,74 @@ def test_the_cli_records_the_mix(
     assert code == 0
     recipe = json.loads(out)["recipe"]
     assert (recipe["mix"], recipe["source_weights"]) == ({"support": 1.0}, {"ticket": 2.0})
+
+
+QUESTIONS = [f"how do I {verb} my {thing}?" for verb in ("pay", "cancel", "renew", "split",
+             "refund", "move") for thing in ("invoice", "plan", "card", "order", "account",
+             "seat", "bill", "quote")]  # fmt: skip
+
+
+def store_questions(
+    sessions: sessionmaker[Session], caller: Caller, domain: uuid.UUID, answer: str
+) -> None:
+    """One short question per group (a ticket each), answered the domain's own way."""
+    with unit_of_work(sessions) as session:
+        store_candidates(
+            session=session,
+            tenant_id=caller.tenant_id,
+            domain_id=domain,
+            candidates=[
+                SftCandidate(
+                    Provenance("ticket", f"{answer}-{n}", f"{answer}-ticket-{n}"),
+                    [{"role": "system", "content": answer}, {"role": "user", "content": q}],
+                    f"{answer}: {words(answer + q)}",
+                )
+                for n, q in enumerate(QUESTIONS)
+            ],
+            ingestor_version="test",
+        )
+
+
+def keys(sessions: sessionmaker[Session], version_id: uuid.UUID, split: Split) -> set[str]:
+    with sessions() as session:
+        return prompt_keys(session, [version_id], split)
+
+
+def test_a_mix_of_the_same_prompts_never_puts_an_eval_prompt_in_train(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """billing and billing-eu ask the same short questions and answer them differently: mixed
+    in, billing-eu's answers to billing's eval questions would teach billing its eval set."""
+    billing = domain_id(sessions, acme, "billing")
+    eu = add_domain(sessions, acme, "billing-eu")
+    store_questions(sessions, acme, billing, "billing")
+    store_questions(sessions, acme, eu, "billing-eu")
+    build(sessions, acme, eu, RECIPE)
+
+    built = build(sessions, acme, billing, DatasetRecipe(eval_fraction=0.3, mix={"billing-eu": 1}))
+
+    evaluated = keys(sessions, built.version.id, "eval")
+    assert evaluated
+    assert not keys(sessions, built.version.id, "train") & evaluated
+    assert built.stats["contaminated"]["prompt_key"] >= len(evaluated) * 0.5
+    assert built.stats["mixed"]["billing-eu"] > 0  # its other questions still join train
+
+
+def test_a_new_eval_item_on_a_prompt_trained_earlier_is_withheld(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """Week 1 trains on a question; week 2 brings the same question in a new thread that the
+    split puts in eval: scoring week 1's model on it would score what it saw."""
+    billing = domain_id(sessions, acme, "billing")
+    store_questions(sessions, acme, billing, "week-1")
+    first = build(sessions, acme, billing, RECIPE)
+    trained = keys(sessions, first.version.id, "train")
+    store_questions(sessions, acme, billing, "week-2")  # new groups, the same questions
+
+    second = build(sessions, acme, billing, RECIPE)
+
+    assert second.stats["withheld_from_eval"]["prompt_trained"] > 0
+    assert not keys(sessions, second.version.id, "eval") & trained
+    assert not keys(sessions, second.version.id, "train") & keys(
+        sessions, second.version.id, "eval"
+    )

@@ -1,0 +1,157 @@
+"""What a dataset version is built from: the signal tables as item kinds, an item's plain
+row (text to decontaminate, prompt key, weight, group), and the prompt keys a version holds.
+
+    for item in eligible_items(session, domain_id): ...
+    prompt_keys(session, [version.id], "eval")   # the keys of what a model is scored on
+
+An item's prompt key (`flywheel.signals.content.prompt_key`: its conversation up to the
+completion, system messages aside, normalised) is the unit that keeps train and eval apart:
+the same question in another domain, another table or another week has the same key.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import orjson
+from sqlalchemy import Text, and_, null, or_, select
+from sqlalchemy import cast as cast_
+from sqlalchemy.orm import Session
+
+from flywheel.bulk import chunked
+from flywheel.datasets.models import DatasetMember
+from flywheel.datasets.split import Split
+from flywheel.signals.content import prompt_key, task_prompt_key
+from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
+
+
+@dataclass(frozen=True)
+class ItemKind:
+    """One signal table as a source of dataset items."""
+
+    name: str  # "sft", "pair", "label", "task"
+    model: type[SftExample] | type[PreferencePair] | type[LabeledCompletion] | type[VerifiableTask]
+    member_column: str
+
+
+KINDS = (
+    ItemKind("sft", SftExample, "sft_example_id"),
+    ItemKind("pair", PreferencePair, "preference_pair_id"),
+    ItemKind("label", LabeledCompletion, "labeled_completion_id"),
+    ItemKind("task", VerifiableTask, "verifiable_task_id"),
+)
+
+
+@dataclass
+class Item:
+    kind: str
+    id: uuid.UUID
+    group_key: str
+    content_sha256: str
+    weight: float
+    text: str
+    minhash: bytes | None
+    source_kind: str
+    prompt_key: str
+    difficulty: float | None = None
+    mixed_from: str | None = None  # the other domain it was mixed in from
+
+
+def eligible_items(session: Session, domain_id: uuid.UUID) -> Iterator[Item]:
+    """Plain rows (no ORM objects: a build reads every item of the domain), in chunks."""
+    for kind in KINDS:
+        model = kind.model
+        texts = text_columns(model)
+        difficulty = VerifiableTask.difficulty if model is VerifiableTask else null()
+        query = select(
+            model.id,
+            model.group_key,
+            model.content_sha256,
+            model.weight,
+            model.minhash,
+            model.source_kind,
+            difficulty,
+            *texts,
+        ).where(model.domain_id == domain_id, model.weight > 0, model.duplicate_of_id.is_(None))
+        if model is VerifiableTask:
+            query = query.where(
+                or_(
+                    VerifiableTask.task_kind == "answer",
+                    and_(
+                        VerifiableTask.task_kind == "code",
+                        VerifiableTask.verifier_status == "usable",
+                    ),
+                )
+            )
+        rows = session.execute(query.execution_options(stream_results=True, yield_per=5_000))
+        for item_id, group_key, sha256, weight, minhash, source, ease, *parts in rows:
+            text, key = _text_and_key(parts)
+            yield Item(
+                kind=kind.name,
+                id=item_id,
+                group_key=group_key,
+                content_sha256=sha256,
+                weight=weight,
+                text=text,
+                minhash=minhash,
+                source_kind=source,
+                prompt_key=key,
+                difficulty=ease,
+            )
+
+
+def text_columns(model: Any) -> tuple[Any, ...]:
+    """The columns of the text decontamination compares: what a model would read or write
+    (a task's prompt; a conversation, as JSON text, and its responses)."""
+    if model is VerifiableTask:
+        return (model.prompt,)
+    if model is PreferencePair:
+        return (cast_(model.messages, Text), model.chosen, model.rejected)
+    return (cast_(model.messages, Text), model.completion)
+
+
+def _text_and_key(parts: list[Any]) -> tuple[str, str]:
+    """The text decontamination compares, and the prompt key (`signals.content.prompt_key`),
+    from the `text_columns` of one item (its messages parsed once)."""
+    if len(parts) == 1:  # a task: its prompt
+        return str(parts[0]), task_prompt_key(str(parts[0]))
+    messages_json, *responses = parts
+    messages = _messages(messages_json)
+    # System prompts are left out: a fixed one of 13+ words would make every item "overlap".
+    prompt = "\n".join(
+        str(message.get("content", "")) for message in messages if message.get("role") != "system"
+    )
+    return "\n".join([prompt, *responses]), prompt_key(messages)
+
+
+def prompt_keys(session: Session, version_ids: Iterable[uuid.UUID], split: Split) -> set[str]:
+    """The prompt keys of every item these versions hold in `split` (of any domain: a mixed-in
+    item is keyed like the domain's own)."""
+    keys: set[str] = set()
+    ids = list(version_ids)
+    for kind in KINDS:
+        member = getattr(DatasetMember, kind.member_column)
+        prompt_column = text_columns(kind.model)[0]
+        for chunk in chunked(ids):
+            held = select(member).where(
+                DatasetMember.dataset_version_id.in_(chunk), DatasetMember.split == split
+            )  # an item held by several versions is read once
+            rows = session.execute(
+                select(prompt_column)
+                .where(kind.model.id.in_(held))
+                .execution_options(yield_per=5_000)
+            )
+            if kind.model is VerifiableTask:
+                keys.update(task_prompt_key(str(prompt)) for (prompt,) in rows)
+            else:
+                keys.update(prompt_key(_messages(messages)) for (messages,) in rows)
+    return keys
+
+
+def _messages(messages_json: Any) -> list[dict[str, Any]]:
+    """A messages column as read: JSON text (cast for the text columns) or already parsed."""
+    parsed = orjson.loads(messages_json) if isinstance(messages_json, str) else messages_json
+    return list(parsed)
