@@ -3,9 +3,13 @@
     evaluate_version(sessions, EvalRequest(domain=get_domain(...)), settings)
 
 The rival is the current champion, or the base model when the domain has none yet (a first
-adapter must beat the base the same way). Both are scored by the same subprocess,
-`python -m finetune.evaluate`, on the eval split of the domain's latest untainted dataset
-version (exported as full records, so every score is keyed by its item id); the adapters are
+adapter must beat the base the same way). A candidate whose training data shares a prompt with
+the eval set is refused before anything is scored (`flywheel.evaluation.lineage`); the verdict
+records the rival, the eval set and the training data it holds for, and promotion accepts it
+only while that rival is still the champion and that eval set still the current one.
+
+Both are scored by the same subprocess, `python -m finetune.evaluate`, on the eval split of
+the domain's latest untainted dataset version (exported as full records, so every score is keyed by its item id); the adapters are
 fetched from MLflow. The per-item scores, their means and the gate's decision with its
 evidence are stored on the model version (so any paired comparison can be recomputed), and
 the verdict is tagged on the version in the MLflow registry.
@@ -35,6 +39,7 @@ from flywheel.datasets.service import latest_version
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput, InvalidState, NotFound, RegistryUnavailable
 from flywheel.evaluation.gate import Evaluation, GateDecision, GatePolicy, decide
+from flywheel.evaluation.lineage import check_lineage
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import ModelVersion
 from flywheel.registry.service import current_champion
@@ -85,6 +90,7 @@ class _Plan:
     base_model: Path
     rival: ModelVersion | None
     dataset: DatasetVersion
+    train_dataset_id: uuid.UUID  # the candidate's training data (flywheel.evaluation.lineage)
     config: dict[str, Any]
     slices: dict[str, str]
 
@@ -129,6 +135,11 @@ def evaluate_version(
             "is_promoted": decision.is_promoted,
             "reasons": decision.reasons,
             "against": rival_name,
+            # what the verdict holds for: promotion needs this rival and this eval set current
+            "against_model_version_id": str(plan.rival.id) if plan.rival else None,
+            "eval_dataset_version_id": str(plan.dataset.id),
+            "eval_sha256": plan.dataset.eval_sha256,
+            "train_dataset_version_id": str(plan.train_dataset_id),
             "evidence": decision.evidence,
         }
     _tag_verdict(tracking_uri, plan, decision, rival_name)
@@ -149,6 +160,7 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
     dataset = latest_version(session=session, domain_id=domain.id, is_untainted=True)
     if dataset is None:
         raise InvalidState(f"{domain.name} has no untainted dataset version to evaluate on")
+    train_dataset_id = check_lineage(session, target, dataset, domain.name)
     champion = current_champion(session, domain.id)
     rival = champion if champion is not None and champion.id != target.id else None
     slices = {
@@ -164,6 +176,7 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
         Path(target.base_model),
         rival,
         dataset,
+        train_dataset_id,
         dict(domain.config or {}),
         slices,
     )

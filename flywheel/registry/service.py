@@ -24,6 +24,7 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked
+from flywheel.datasets.service import latest_version
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, NotFound
 from flywheel.registry.mlflow_registry import Registry
@@ -147,8 +148,8 @@ def promote(
     reason: str = "",
     force: bool = False,
 ) -> PromotionEvent:
-    """Make `version` the champion. It must have passed its gate, unless `force` (audited as
-    forced)."""
+    """Make `version` the champion. It must have passed its gate against the current champion
+    (the base when there is none) on the current eval set, unless `force` (audited as forced)."""
     _take_turn(session, domain)
     target = _version(session, domain, version)
     name = domain.name
@@ -160,7 +161,38 @@ def promote(
     current = current_champion(session, domain.id)
     if current is not None and current.id == target.id:
         raise Conflict(f"v{version} is already the champion of {name}")
+    if not force:
+        _require_current_verdict(session, domain, target, current)
     return _move(session, registry, domain, current, target, "promote", actor, reason, force)
+
+
+def _require_current_verdict(
+    session: Session, domain: Domain, target: ModelVersion, current: ModelVersion | None
+) -> None:
+    """A passed gate counts only against today's rival on today's eval set: a version that once
+    beat the base (or an older champion, or an older eval set) may be worse than the champion
+    now. Conflict, naming the fix, when the verdict is stale."""
+    verdict = target.gate_result
+    rival = str(current.id) if current else None
+    evaluation = latest_version(session=session, domain_id=domain.id, is_untainted=True)
+    stale = []
+    if (
+        verdict.get("against_model_version_id") != rival
+        or "against_model_version_id" not in verdict
+    ):
+        now = f"v{current.version}" if current else "the base"
+        stale.append(
+            f"it was gated against {verdict.get('against', 'an unknown rival')}, not {now}"
+        )
+    if evaluation is None or verdict.get("eval_sha256") != evaluation.eval_sha256:
+        which = f"dataset v{evaluation.version}'s" if evaluation else "the current"
+        stale.append(f"on another eval set than {which}")
+    if stale:
+        raise Conflict(
+            f"v{target.version} of {domain.name} has a stale verdict ({'; '.join(stale)}): "
+            f"evaluate it first (flywheel eval --domain {domain.name} --model-version "
+            f"{target.version}), or use --force"
+        )
 
 
 def rollback(
@@ -173,23 +205,45 @@ def rollback(
     reason: str = "",
     action: str = "rollback",
 ) -> PromotionEvent:
-    """Move the champion back to the one it replaced (or to version `to`), at once: nothing is
-    retrained, the earlier adapter is still registered."""
+    """Move the champion back to the one it replaced (or to version `to`, a former champion),
+    at once: nothing is retrained, the earlier adapter is still registered. Never to a tainted
+    version."""
     _take_turn(session, domain)
     current = current_champion(session, domain.id)
     if current is None:
         raise Conflict(f"{domain.name} has no champion to roll back")
     if to is not None:
         target = _version(session, domain, to)
+        _require_former_champion(session, domain, target)
     else:
         latest = latest_champion_event(session, domain.id)
         previous = latest.from_model_version_id if latest else None
         if previous is None:
             raise Conflict(f"{domain.name} has no previous champion to roll back to")
         target = session.get_one(ModelVersion, previous)
+    if target.tainted_at is not None:  # trained on forgotten data: never served again
+        raise Conflict(f"v{target.version} of {domain.name} is tainted (trained on forgotten data)")
     if target.id == current.id:
         raise Conflict(f"v{target.version} is already the champion of {domain.name}")
     return _move(session, registry, domain, current, target, action, actor, reason, False)
+
+
+def _require_former_champion(session: Session, domain: Domain, target: ModelVersion) -> None:
+    """A rollback returns to a version that was champion before (instant: its verdict held
+    then, and live traffic judged it); any other version goes through `promote` and its
+    gate."""
+    was_champion = session.scalars(
+        select(PromotionEvent.id).where(
+            PromotionEvent.domain_id == domain.id,
+            PromotionEvent.alias == CHAMPION,
+            PromotionEvent.to_model_version_id == target.id,
+        )
+    ).first()
+    if was_champion is None:
+        raise Conflict(
+            f"v{target.version} was never champion of {domain.name}: promote it instead "
+            f"(flywheel models promote --domain {domain.name} --to {target.version})"
+        )
 
 
 def _move(

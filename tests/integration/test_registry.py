@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,15 +20,18 @@ from mlflow.tracking import MlflowClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version, latest_version
 from flywheel.db import unit_of_work
 from flywheel.errors import Conflict, NotFound, RegistryUnavailable
-from flywheel.models import Domain, ModelVersion, PromotionEvent, Run
+from flywheel.models import Domain, ModelVersion, PromotionEvent, Run, SftExample
 from flywheel.registry import service
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.tenancy.service import get_domain
 from tests.conftest import Caller, run_cli
 
 PASSED = {"is_promoted": True, "reasons": []}
+"""A passed gate; `register` makes it the verdict a cycle would store: against the version
+registered before it (the base for the first), on the domain's current eval set."""
 FAILED = {"is_promoted": False, "reasons": ["primary metric CI [-0.02, 0.03] includes 0"]}
 
 
@@ -76,6 +80,11 @@ def register(
         )
         session.add(run)
         session.flush()
+        previous = session.scalars(
+            select(ModelVersion)
+            .where(ModelVersion.domain_id == domain_id)
+            .order_by(ModelVersion.created_at.desc())
+        ).first()
         version = service.register_version(
             session=session,
             registry=registry,
@@ -84,7 +93,27 @@ def register(
             base_model="/models/tiny",
         )
         version.gate_result = gate
+        if gate.get("is_promoted"):
+            version.gate_result = gate | verdict_on(session, caller, domain_id, previous)
         return version
+
+
+def verdict_on(
+    session: Session, caller: Caller, domain_id: uuid.UUID, rival: ModelVersion | None
+) -> dict[str, object]:
+    """What `flywheel eval` records a verdict holds for: the rival and the current eval set
+    (an empty dataset version is built when the domain has none)."""
+    dataset = latest_version(session=session, domain_id=domain_id, is_untainted=True)
+    if dataset is None:
+        dataset = build_dataset_version(
+            session=session, tenant_id=caller.tenant_id, domain_id=domain_id,
+            recipe=DatasetRecipe(),
+        ).version  # fmt: skip
+    return {
+        "against": rival.version if rival else "base",
+        "against_model_version_id": str(rival.id) if rival else None,
+        "eval_sha256": dataset.eval_sha256,
+    }
 
 
 def champion_marker(uri: str, name: str) -> str:
@@ -157,6 +186,104 @@ def test_a_version_that_failed_its_gate_needs_force_and_is_audited_as_forced(
         event = session.scalars(select(PromotionEvent)).one()
     assert event.is_forced
     assert event.evidence["gate"] == FAILED
+
+
+def test_a_stale_verdict_is_refused_without_force(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """v1 once beat the base; v2 beat v1 and is champion. Promoting v1 again would ship the
+    worse model on a verdict against the base: refused, nothing moved, until --force."""
+    registry = MlflowRegistry(tracking_uri)
+    register(on_test_database, registry, acme, tmp_path, "first", PASSED)
+    register(on_test_database, registry, acme, tmp_path, "second", PASSED)
+    assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1")[0] == 0
+    assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "2")[0] == 0
+
+    code, out, err = run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1")
+
+    assert code != 0
+    assert out == ""
+    assert "stale verdict (it was gated against base, not v2)" in err
+    assert "flywheel eval --domain billing --model-version 1" in err
+    assert len(err.strip().splitlines()) == 1
+    assert champion_marker(tracking_uri, "acme.billing") == "second"
+    forced = run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1", "--force")
+    assert forced[0] == 0
+    with on_test_database() as session:
+        latest = service.latest_champion_event(
+            session, get_domain(session, acme.tenant_id, "billing").id
+        )
+        assert latest is not None
+        assert latest.is_forced
+
+
+def test_a_verdict_on_an_older_eval_set_is_refused(
+    on_test_database: sessionmaker[Session], acme: Caller, tracking_uri: str, tmp_path: Path
+) -> None:
+    registry = MlflowRegistry(tracking_uri)
+    register(on_test_database, registry, acme, tmp_path, "first", PASSED)
+    with unit_of_work(on_test_database) as session:
+        domain = get_domain(session, acme.tenant_id, "billing")
+        session.add(
+            SftExample(
+                tenant_id=acme.tenant_id, domain_id=domain.id, source_kind="api",
+                group_key="g", content_sha256="1" * 64, ingestor_version="t",
+                messages=[{"role": "user", "content": "new question"}], completion="answer",
+            )
+        )  # fmt: skip
+        session.flush()
+        built = build_dataset_version(
+            session=session, tenant_id=acme.tenant_id, domain_id=domain.id,
+            recipe=DatasetRecipe(eval_fraction=0.99),
+        )  # fmt: skip
+        assert built.stats["eval"] == {"sft": 1}  # the eval set changed since the verdict
+
+    with (
+        unit_of_work(on_test_database) as session,
+        pytest.raises(Conflict, match="on another eval set than dataset v2's"),
+    ):
+        service.promote(
+            session=session, registry=registry,
+            domain=get_domain(session, acme.tenant_id, "billing"), version="1", actor="t",
+        )  # fmt: skip
+    with on_test_database() as session:
+        assert session.scalars(select(PromotionEvent)).all() == []
+
+
+def test_rollback_goes_only_to_a_former_champion(
+    on_test_database: sessionmaker[Session], acme: Caller, tracking_uri: str, tmp_path: Path
+) -> None:
+    """`rollback --to` is instant because the version was champion before; to any other it
+    would be a promotion without a gate."""
+    registry = MlflowRegistry(tracking_uri)
+    for marker in ("first", "second", "never"):
+        register(on_test_database, registry, acme, tmp_path, marker, FAILED)
+    for version in ("1", "2"):
+        with unit_of_work(on_test_database) as session:
+            service.promote(
+                session=session, registry=registry, force=True,
+                domain=get_domain(session, acme.tenant_id, "billing"), version=version, actor="t",
+            )  # fmt: skip
+
+    with (
+        unit_of_work(on_test_database) as session,
+        pytest.raises(Conflict, match="v3 was never champion of billing: promote it instead"),
+    ):
+        service.rollback(
+            session=session, registry=registry, to="3",
+            domain=get_domain(session, acme.tenant_id, "billing"), actor="t",
+        )  # fmt: skip
+    with unit_of_work(on_test_database) as session:
+        event = service.rollback(
+            session=session, registry=registry, to="1",
+            domain=get_domain(session, acme.tenant_id, "billing"), actor="t",
+        )  # fmt: skip
+        assert (event.action, event.is_forced) == ("rollback", False)
+    assert champion_marker(tracking_uri, "acme.billing") == "first"
 
 
 def test_refusals_move_nothing(
