@@ -12,6 +12,11 @@ domain's frozen eval sets. Two independent checks, each catching what the other 
   text. It compares signatures, so both sides must be signed over the same fields: the
   stored `minhash` of one signal table against another's (field tags differ) never matches.
 
+A third check runs before these two, in the build (`flywheel.datasets.service`): the exact
+prompt key (`flywheel.datasets.items`), which catches a train item asking an eval item's
+question with another answer however short the question, where n-grams see one short gram
+and MinHash a small shingle set dominated by the differing answers.
+
 Normalisation, before words are cut (as GPT-3 did, "ignoring all punctuation, whitespace,
 and casing"; EleutherAI's lm-evaluation-harness janitor deletes `string.punctuation` and
 lowercases, and this is its Unicode generalisation):
