@@ -152,9 +152,7 @@ def from_flywheel(data: dict[str, Any], file_stem: str) -> TaskCandidate:
     if kind == "answer" and data.get("answer") is None:
         raise KeyError("answer")
     return TaskCandidate(
-        provenance=_provenance(
-            task_id, str(data.get("group") or f"{file_stem}:{task_id}"), data
-        ),
+        provenance=_provenance(task_id, str(data.get("group") or f"{file_stem}:{task_id}"), data),
         prompt=_text(data, "prompt"),
         entry_point=_optional_text(data, "entry_point", MAX_NAME_CHARS)
         if kind == "answer"
