@@ -66,7 +66,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias
 
@@ -450,8 +450,10 @@ def _slice_items(challenger: Evaluation, champion: Evaluation, metric: str) -> d
     return {label: grouped[label] for label in sorted(grouped)}
 
 
-def _require_known_slices(policy: GatePolicy, labels: Sequence[str]) -> None:
-    unknown = sorted(set(policy.slice_tolerances) - set(labels))
+def require_known_slices(names: Iterable[str], labels: Iterable[str]) -> None:
+    """InvalidInput, one line, when the gate config names a slice no eval item has."""
+    labels = set(labels)
+    unknown = sorted(set(names) - labels)
     if unknown:
         raise InvalidInput(
             f"the gate config names slices no eval item has: {unknown} "
@@ -466,7 +468,7 @@ def _judge_slices(
     Bonferroni-adjusted confidence the judged slices' intervals use; the reasons against."""
     metric = policy.primary_metric
     by_slice = _slice_items(challenger, champion, metric)
-    _require_known_slices(policy, list(by_slice))
+    require_known_slices(policy.slice_tolerances, by_slice)
     judged = sum(len(items) >= policy.min_slice_items for items in by_slice.values())
     confidence = 1 - (1 - policy.confidence) / max(1, judged)
     results, reasons = [], []

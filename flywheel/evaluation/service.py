@@ -13,7 +13,10 @@ the verdict is tagged on the version in the MLflow registry.
 Gate policy: `flywheel.evaluation.gate.GatePolicy` defaults, with the primary metric chosen per
 domain — the domain config's `primary_metric`, else pass@1 when the eval set has tasks,
 preference accuracy when it has pairs, exact match otherwise — and any field overridden by the
-domain config's `gate` mapping (for example `{"min_items": 10}`).
+domain config's `gate` mapping (for example `{"min_items": 10}`, or per-slice tolerances
+`{"slice_tolerances": {"skill:no-carry": 0.05}}`; a slice no eval item has is refused before
+anything is scored). Slices: `flywheel.evaluation.slices` (source kind, tags, difficulty,
+the domain's `slice_rules`).
 """
 
 from __future__ import annotations
@@ -30,11 +33,18 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.reader import export_dataset_version, version_lineage
+from flywheel.datasets.reader import export_dataset_version, version_item_labels
 from flywheel.datasets.service import latest_version
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput, InvalidState, NotFound, RegistryUnavailable
-from flywheel.evaluation.gate import Evaluation, GateDecision, GatePolicy, decide
+from flywheel.evaluation.gate import (
+    Evaluation,
+    GateDecision,
+    GatePolicy,
+    decide,
+    require_known_slices,
+)
+from flywheel.evaluation.slices import item_slices, slice_rules
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import ModelVersion
 from flywheel.registry.service import current_champion
@@ -86,7 +96,7 @@ class _Plan:
     rival: ModelVersion | None
     dataset: DatasetVersion
     config: dict[str, Any]
-    slices: dict[str, str]
+    slices: dict[str, tuple[str, ...]]
 
 
 def evaluate_version(
@@ -151,11 +161,7 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
         raise InvalidState(f"{domain.name} has no untainted dataset version to evaluate on")
     champion = current_champion(session, domain.id)
     rival = champion if champion is not None and champion.id != target.id else None
-    slices = {
-        row["item_id"]: row["source_kind"]
-        for row in version_lineage(session, dataset)
-        if row["split"] == "eval"
-    }
+    config: dict[str, Any] = dict(domain.config or {})
     return _Plan(
         target.id,
         target.version,
@@ -164,9 +170,20 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
         Path(target.base_model),
         rival,
         dataset,
-        dict(domain.config or {}),
-        slices,
+        config,
+        _eval_slices(session, dataset, config),
     )
+
+
+def _eval_slices(
+    session: Session, dataset: DatasetVersion, config: dict[str, Any]
+) -> dict[str, tuple[str, ...]]:
+    """Eval item id -> its slices; a gate config naming a slice none has is refused here,
+    before anything is scored."""
+    slices = item_slices(version_item_labels(session, dataset, "eval"), slice_rules(config))
+    tolerances = (config.get("gate") or {}).get("slice_tolerances") or {}
+    require_known_slices(tolerances, {label for labels in slices.values() for label in labels})
+    return slices
 
 
 def _fetch(adapter_uri: str, target: Path, tracking_uri: str) -> Path:
