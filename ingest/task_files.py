@@ -4,9 +4,12 @@ Flywheel's format, one task per line (what `export_tasks` writes and `flywheel` 
 
     {"task_id": "...", "kind": "code" | "answer", "prompt": "...", "entry_point": "f",
      "reference_solution": "...", "hidden_tests": "...", "visible_tests": null,
-     "answer": null, "language": "python", "group": "...", "verifier_status": "usable"}
+     "answer": null, "language": "python", "group": "...", "verifier_status": "usable",
+     "tags": ["topic:strings"]}
 
-`prompt` is all a model sees; the hidden tests and the reference never appear in it.
+`prompt` is all a model sees; the hidden tests and the reference never appear in it. `tags`
+(optional in every format, a list of strings) label the task for the evaluation's slices;
+HumanEval and MBPP files have none of their own, but a curated copy may add them.
 """
 
 from __future__ import annotations
@@ -86,8 +89,15 @@ def _optional_text(data: dict[str, Any], key: str, max_chars: int | None = None)
     return _text(data, key, max_chars) if data.get(key) is not None else None
 
 
-def _provenance(task_id: str, group: str) -> Provenance:
-    return Provenance("task_file", source_ref=task_id, group_key=group)
+def _provenance(task_id: str, group: str, data: dict[str, Any]) -> Provenance:
+    return Provenance("task_file", source_ref=task_id, group_key=group, tags=_tags(data))
+
+
+def _tags(data: dict[str, Any]) -> tuple[str, ...]:
+    tags = data.get("tags") or []
+    if not isinstance(tags, list) or not all(isinstance(tag, str) for tag in tags):
+        raise TypeError("'tags' must be a list of strings")
+    return tuple(check_clean_text(tag) for tag in tags)
 
 
 def from_humaneval(data: dict[str, Any], file_stem: str) -> TaskCandidate:
@@ -95,7 +105,7 @@ def from_humaneval(data: dict[str, Any], file_stem: str) -> TaskCandidate:
     task_id = str(data["task_id"])
     prompt = _text(data, "prompt")
     return TaskCandidate(
-        provenance=_provenance(task_id, f"{file_stem}:{task_id}"),
+        provenance=_provenance(task_id, f"{file_stem}:{task_id}", data),
         prompt=prompt,
         entry_point=_text(data, "entry_point", MAX_NAME_CHARS),
         reference_solution=prompt + _text(data, "canonical_solution"),
@@ -114,7 +124,7 @@ def from_mbpp(data: dict[str, Any], file_stem: str) -> TaskCandidate:
     setup = data.get("test_setup_code") or ""
     tests = setup + "\n\ndef test_mbpp():\n" + "".join(f"    {line}\n" for line in asserts)
     return TaskCandidate(
-        provenance=_provenance(task_id, f"{file_stem}:{task_id}"),
+        provenance=_provenance(task_id, f"{file_stem}:{task_id}", data),
         prompt=f"{_text(data, 'text')}\nYour code should pass this test:\n{asserts[0]}\n",
         entry_point=_first_function(code),
         reference_solution=code,
@@ -142,7 +152,7 @@ def from_flywheel(data: dict[str, Any], file_stem: str) -> TaskCandidate:
     if kind == "answer" and data.get("answer") is None:
         raise KeyError("answer")
     return TaskCandidate(
-        provenance=_provenance(task_id, str(data.get("group") or f"{file_stem}:{task_id}")),
+        provenance=_provenance(task_id, str(data.get("group") or f"{file_stem}:{task_id}"), data),
         prompt=_text(data, "prompt"),
         entry_point=_optional_text(data, "entry_point", MAX_NAME_CHARS)
         if kind == "answer"
@@ -188,4 +198,5 @@ def task_record(task: VerifiableTask) -> dict[str, Any]:
         "language": task.language,
         "group": task.group_key,
         "verifier_status": task.verifier_status,
+        "tags": list(task.tags),
     }

@@ -11,7 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Select, select
+from sqlalchemy import Select, literal, select
 from sqlalchemy.orm import Session
 
 from flywheel.datasets.export import ExportSummary, export_version
@@ -107,6 +107,35 @@ def version_lineage(session: Session, version: DatasetVersion) -> Iterator[dict[
                     "source_ref": source_ref,
                     "group_key": group_key,
                 }
+
+
+def version_item_labels(
+    session: Session, version: DatasetVersion, split: str = "eval"
+) -> Iterator[dict[str, Any]]:
+    """What the evaluation slices a split's items by: each item's id, source kind, tags,
+    prompt (a task's prompt; the last user message of a conversation) and difficulty (tasks
+    only, else None). Kind by kind, in the version's order."""
+    for kind in KINDS:
+        model: Any = kind.model
+        item_column = getattr(DatasetMember, kind.member_column)
+        is_task = model is VerifiableTask
+        prompt = model.prompt if is_task else model.messages
+        difficulty = model.difficulty if is_task else literal(None)
+        columns = (model.id, model.source_kind, model.tags, prompt, difficulty)
+        query = _members(columns, item_column, model, version.id, split)
+        for item_id, source_kind, tags, text, level, _ in _rows(session, query):
+            yield {
+                "item_id": str(item_id),
+                "source_kind": source_kind,
+                "tags": list(tags or []),
+                "prompt": text if is_task else _last_user_text(text),
+                "difficulty": level,
+            }
+
+
+def _last_user_text(messages: list[dict[str, Any]]) -> str:
+    users = [str(m.get("content", "")) for m in messages or [] if m.get("role") == "user"]
+    return users[-1] if users else ""
 
 
 def _rows(session: Session, query: Select[Any]) -> Iterator[Any]:

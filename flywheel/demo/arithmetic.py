@@ -84,3 +84,17 @@ def split_problems() -> Split:
 def _bucket(problem: Problem) -> int:
     """Spreads held-out problems over every tens digit of both operands."""
     return (problem.a * 31 + problem.b * 17) % HELD_OUT_EVERY
+
+
+def _carry_pattern() -> str:
+    """A regex for the prompts `a+b=` whose units digits carry (their sum is 10 or more)."""
+    units = "|".join(f"{a}\\+\\d[{10 - a}-9]" for a in range(1, 10))
+    return f"^\\d(?:{units})=$"
+
+
+CARRY_PROMPT = _carry_pattern()
+"""Matches exactly the prompts of `Problem.carries` (tested over all 8,100)."""
+NO_CARRY_PROMPT = f"^(?!{CARRY_PROMPT.removeprefix('^')})\\d\\d\\+\\d\\d=$"
+SKILL_RULES = {"skill:carry": CARRY_PROMPT, "skill:no-carry": NO_CARRY_PROMPT}
+"""The domain's skills as slice rules (`slice_rules` in its config): the gate judges the sums
+the base already solved (no carry) apart from the new skill, so losing them shows."""

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from flywheel.demo import arithmetic_feedback, repository, support
+from flywheel.demo.arithmetic import SKILL_RULES
 
 ARITHMETIC_DOMAIN = "arithmetic"
 SUPPORT_DOMAIN = "support"
@@ -51,7 +52,7 @@ SFT_OVERRIDES = (
 
 def arithmetic_plan(*, quick: bool) -> dict[str, Any]:
     """Settings for the arithmetic domain: `pretrain_steps` for `python -m finetune.tiny`,
-    and the domain config (`primary_metric`, `gate`, `cycle`).
+    and the domain config (`primary_metric`, `gate`, `cycle`, `slice_rules`).
 
     The primary metric is exact match (the held-out sums answered right); preference accuracy
     moves as well. Both demos keep the gate's defaults, `min_items` 30 included: the eval
@@ -59,11 +60,14 @@ def arithmetic_plan(*, quick: bool) -> dict[str, Any]:
     demo's prompts and a fifth of the quick one's (its batch 1 is half as large), so a draw
     below 30 is a 4-sigma event. Pretraining steps stay at 800 for quick too: 600 saved 5 s
     and left the second cycle's win marginal (interval low end +0.03 in one run).
+    `slice_rules` label the sums `skill:carry` and `skill:no-carry`, so the gate judges the
+    sums the base already solved apart from the new skill.
     """
     return {
         "pretrain_steps": 800,
         "primary_metric": "exact_match",
         "gate": {},
+        "slice_rules": dict(SKILL_RULES),
         "cycle": {
             "methods": ["sft"],
             "overrides": {"sft": list(SFT_OVERRIDES)},

@@ -118,6 +118,7 @@ def _setup(demo: Demo, plan: dict[str, Any]) -> None:
             "base_model": str(demo.base),
             "primary_metric": plan["primary_metric"],
             "gate": plan["gate"],
+            "slice_rules": plan["slice_rules"],
             "cycle": plan["cycle"] | {"schedule": None},  # the demo turns it by hand
         },
         SUPPORT_DOMAIN: {"base_model": str(demo.base)},

@@ -7,7 +7,8 @@ pair), an escalation, satisfaction ratings good and bad, tickets still open (rej
 unresolved), and personal data the redactor must catch before anything is stored: e-mail
 addresses, phone numbers, a payment card (a Luhn-valid test number), an IBAN (the standard
 example), an IP address, an AWS access key (AWS's documented example key) and the names of
-requesters and agents. Every person, company and number here is invented.
+requesters and agents. Each ticket has its helpdesk category (billing, account, technical).
+Every person, company and number here is invented.
 
 The feedback is what agents and customers said about an assistant's draft answers: thumbs and
 stars from several raters on competing drafts of one question (pairs by score), corrections
@@ -32,7 +33,17 @@ COLUMNS = (
     "satisfaction",
     "reopened",
     "escalated",
+    "category",
 )
+
+CATEGORIES = {
+    "billing": ("SUP-2001", "SUP-2002", "SUP-2004", "SUP-2008", "SUP-2010", "SUP-2014", "SUP-2019"),
+    "account": ("SUP-2003", "SUP-2007", "SUP-2012", "SUP-2015", "SUP-2016"),
+    "technical": ("SUP-2005", "SUP-2006", "SUP-2009", "SUP-2011", "SUP-2013", "SUP-2017",
+                  "SUP-2018", "SUP-2020"),
+}  # fmt: skip
+"""The helpdesk's own ticket category, a column of the export: the support domain's natural
+labels, which `flywheel ingest tickets` turns into `ticket.category:...` tags."""
 
 TICKETS: tuple[dict[str, str], ...] = (
     {
@@ -280,8 +291,10 @@ def tickets_csv() -> str:
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
+    category = {ticket: name for name, tickets in CATEGORIES.items() for ticket in tickets}
     for ticket in TICKETS:
-        writer.writerow([ticket.get(column, "") for column in COLUMNS])
+        row = ticket | {"category": category.get(ticket["id"], "")}
+        writer.writerow([row.get(column, "") for column in COLUMNS])
     return buffer.getvalue()
 
 

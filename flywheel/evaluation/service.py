@@ -9,15 +9,19 @@ records the rival, the eval set and the training data it holds for, and promotio
 only while that rival is still the champion and that eval set still the current one.
 
 Both are scored by the same subprocess, `python -m finetune.evaluate`, on the eval split of
-the domain's latest untainted dataset version (exported as full records, so every score is keyed by its item id); the adapters are
-fetched from MLflow. The per-item scores, their means and the gate's decision with its
-evidence are stored on the model version (so any paired comparison can be recomputed), and
-the verdict is tagged on the version in the MLflow registry.
+the domain's latest untainted dataset version (exported as full records, so every score is
+keyed by its item id); the adapters are fetched from MLflow. The per-item scores, their
+means and the gate's decision with its evidence are stored on the model version (so any
+paired comparison can be recomputed), and the verdict is tagged on the version in the MLflow
+registry.
 
 Gate policy: `flywheel.evaluation.gate.GatePolicy` defaults, with the primary metric chosen per
 domain — the domain config's `primary_metric`, else pass@1 when the eval set has tasks,
 preference accuracy when it has pairs, exact match otherwise — and any field overridden by the
-domain config's `gate` mapping (for example `{"min_items": 10}`).
+domain config's `gate` mapping (for example `{"min_items": 10}`, or per-slice tolerances
+`{"slice_tolerances": {"skill:no-carry": 0.05}}`; a slice no eval item has is refused before
+anything is scored). Slices: `flywheel.evaluation.slices` (source kind, tags, difficulty,
+the domain's `slice_rules`).
 """
 
 from __future__ import annotations
@@ -34,12 +38,19 @@ from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.reader import export_dataset_version, version_lineage
+from flywheel.datasets.reader import export_dataset_version, version_item_labels
 from flywheel.datasets.service import latest_version
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput, InvalidState, NotFound, RegistryUnavailable
-from flywheel.evaluation.gate import Evaluation, GateDecision, GatePolicy, decide
+from flywheel.evaluation.gate import (
+    Evaluation,
+    GateDecision,
+    GatePolicy,
+    decide,
+    require_known_slices,
+)
 from flywheel.evaluation.lineage import check_lineage
+from flywheel.evaluation.slices import item_slices, slice_rules
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import ModelVersion
 from flywheel.registry.service import current_champion
@@ -92,7 +103,7 @@ class _Plan:
     dataset: DatasetVersion
     train_dataset_id: uuid.UUID  # the candidate's training data (flywheel.evaluation.lineage)
     config: dict[str, Any]
-    slices: dict[str, str]
+    slices: dict[str, tuple[str, ...]]
 
 
 def evaluate_version(
@@ -163,11 +174,7 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
     train_dataset_id = check_lineage(session, target, dataset, domain.name)
     champion = current_champion(session, domain.id)
     rival = champion if champion is not None and champion.id != target.id else None
-    slices = {
-        row["item_id"]: row["source_kind"]
-        for row in version_lineage(session, dataset)
-        if row["split"] == "eval"
-    }
+    config: dict[str, Any] = dict(domain.config or {})
     return _Plan(
         target.id,
         target.version,
@@ -177,9 +184,20 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
         rival,
         dataset,
         train_dataset_id,
-        dict(domain.config or {}),
-        slices,
+        config,
+        _eval_slices(session, dataset, config),
     )
+
+
+def _eval_slices(
+    session: Session, dataset: DatasetVersion, config: dict[str, Any]
+) -> dict[str, tuple[str, ...]]:
+    """Eval item id -> its slices; a gate config naming a slice none has is refused here,
+    before anything is scored."""
+    slices = item_slices(version_item_labels(session, dataset, "eval"), slice_rules(config))
+    tolerances = (config.get("gate") or {}).get("slice_tolerances") or {}
+    require_known_slices(tolerances, {label for labels in slices.values() for label in labels})
+    return slices
 
 
 def _fetch(adapter_uri: str, target: Path, tracking_uri: str) -> Path:

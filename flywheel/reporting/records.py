@@ -61,6 +61,19 @@ class RunRow:
 
 
 @dataclass(frozen=True)
+class SliceRow:
+    """One slice of a gate decision: the primary metric before (the rival) and after."""
+
+    label: str
+    n: int
+    champion_mean: float | None
+    challenger_mean: float | None
+    tolerance: float | None
+    is_judged: bool
+    is_regressed: bool
+
+
+@dataclass(frozen=True)
 class EvalRow:
     """A model version's held-out evaluation and gate decision."""
 
@@ -78,6 +91,8 @@ class EvalRow:
     """The gate's decision; None when it has not been gated."""
     reasons: list[str]
     is_tainted: bool
+    slices: list[SliceRow] = field(default_factory=list)
+    """The gate's per-slice evidence, in the gate's order."""
 
     @property
     def is_evaluated(self) -> bool:

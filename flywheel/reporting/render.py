@@ -7,7 +7,14 @@ from datetime import UTC, datetime
 from html import escape
 
 from flywheel.reporting.charts import bar_chart, line_chart
-from flywheel.reporting.records import DatasetRow, DomainReport, EvalRow, EventRow, RunRow
+from flywheel.reporting.records import (
+    DatasetRow,
+    DomainReport,
+    EvalRow,
+    EventRow,
+    RunRow,
+    SliceRow,
+)
 
 UNAVAILABLE = "metrics unavailable"
 
@@ -206,7 +213,35 @@ def _evaluations(rows: Sequence[EvalRow], champion: str | None) -> str:
         )
     parts.append(_base_note(evaluated))
     parts.append(_evaluation_table(rows, [*scores, *losses], champion))
+    parts += [_slice_table(row) for row in evaluated if row.slices]
     return "".join(parts)
+
+
+def _slice_table(row: EvalRow) -> str:
+    """The gate's slices for one version: the primary metric before (its rival) and after."""
+    against = escape(row.against or "—")
+    rival = against if against in ("base", "—") else f"v{against}"
+    metric = escape(row.primary_metric or "primary metric")
+    title = f"<h3>Slices of v{escape(row.version)} against {rival} ({metric}): before / after</h3>"
+    body = [_slice_cells(entry) for entry in row.slices]
+    head = ["Slice", "n", "Before", "After", "Change", "Tolerance", "Judged", "Regressed"]
+    return title + _table(head, body, f"slices-v{escape(row.version)}")
+
+
+def _slice_cells(entry: SliceRow) -> list[str]:
+    before, after = entry.champion_mean, entry.challenger_mean
+    change = f"{after - before:+.4f}" if before is not None and after is not None else "—"
+    regressed = '<span class="bad">regressed</span>' if entry.is_regressed else "no"
+    return [
+        escape(entry.label),
+        str(entry.n),
+        "—" if before is None else _value(before),
+        "—" if after is None else _value(after),
+        change,
+        "—" if entry.tolerance is None else f"{entry.tolerance:.4f}",
+        "yes" if entry.is_judged else '<span class="muted">no (too few)</span>',
+        regressed,
+    ]
 
 
 def _base_note(rows: Sequence[EvalRow]) -> str:

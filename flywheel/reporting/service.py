@@ -39,6 +39,7 @@ from flywheel.reporting.records import (
     EvalRow,
     EventRow,
     RunRow,
+    SliceRow,
     StepRow,
 )
 from flywheel.reporting.render import render_html
@@ -221,7 +222,29 @@ def _eval_row(row: ModelVersion) -> EvalRow:
         is_promoted=promoted if isinstance(promoted, bool) else None,
         reasons=[str(reason) for reason in reasons] if isinstance(reasons, list) else [],
         is_tainted=row.tainted_at is not None,
+        slices=slice_rows(gate.get("evidence")),
     )
+
+
+def slice_rows(evidence: object) -> list[SliceRow]:
+    """The per-slice before/after of a gate decision's evidence (older evidence, whose slices
+    carry only an interval, gives what it has)."""
+    entries = _dict(evidence).get("slices")
+    rows = []
+    for entry in entries if isinstance(entries, list) else []:
+        item = _dict(entry)
+        rows.append(
+            SliceRow(
+                label=str(item.get("slice")),
+                n=_int(item.get("n")) or _int(_dict(item.get("interval")).get("n")) or 0,
+                champion_mean=_number(item.get("champion_mean")),
+                challenger_mean=_number(item.get("challenger_mean")),
+                tolerance=_number(item.get("tolerance")),
+                is_judged=bool(item.get("judged")),
+                is_regressed=bool(item.get("regressed")),
+            )
+        )
+    return rows
 
 
 def _primary(gate: dict[str, Any], summary: Mapping[str, float]) -> str | None:

@@ -20,14 +20,18 @@ class Provenance:
 
     `source_ref` is the source's own id for it ("zendesk:4711", "repo@<sha>:pkg/m.py::f"),
     `group_key` the unit that must never straddle train and eval (a ticket thread, a
-    repository, a prompt), and `names` the person names the source itself knows (requester,
-    assignee, commenters): they are redacted wherever they appear.
+    repository, a prompt), `names` the person names the source itself knows (requester,
+    assignee, commenters): they are redacted wherever they appear, and `tags` the source's
+    own labels of the item ("ticket.category:billing", "skill:carry"): the evaluation's
+    slices. Tags say what an item is about, not what it is: they are left out of the content
+    hash, so the same content labelled twice is still one item (the first labels stay).
     """
 
     source_kind: str  # one of flywheel.signals.models.SOURCE_KINDS
     source_ref: str
     group_key: str
     names: tuple[str, ...] = ()
+    tags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

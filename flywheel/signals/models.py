@@ -19,6 +19,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    text,
 )
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 
@@ -47,6 +48,13 @@ class ProvenanceMixin(IdMixin):
     ingestor_version: Mapped[str] = mapped_column(String(64))
     redaction_report: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
     weight: Mapped[float] = mapped_column(Float, default=1.0)
+    tags: Mapped[list[str]] = mapped_column(
+        JsonType,
+        default=list,
+        server_default=text("'[]'"),
+        doc="The source's own labels (`ticket.category:billing`, `skill:carry`): the eval "
+        "slices the gate judges. Not part of the content hash (see signals.store).",
+    )
     minhash: Mapped[bytes | None] = mapped_column(
         LargeBinary, doc="MinHash signature of the text, for the near-duplicate pass."
     )

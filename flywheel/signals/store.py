@@ -231,6 +231,7 @@ def _signal_row(
         "source_kind": provenance.source_kind,
         "source_ref": provenance.source_ref[:1024],
         "group_key": provenance.group_key[:255],
+        "tags": clean_tags(provenance.tags),
         "weight": candidate.weight,  # type: ignore[union-attr]
         "redaction_report": dict(redactor.report),
         "minhash": None,
@@ -240,6 +241,19 @@ def _signal_row(
         "ingestor_version": ingestor_version,
     }
     return table, row
+
+
+MAX_TAG_CHARS = 128
+
+
+def clean_tags(tags: Sequence[str]) -> list[str]:
+    """Tags as stored: stripped, blanks dropped, each at most MAX_TAG_CHARS, each once,
+    sorted (so the same labels are always the same list).
+
+    >>> clean_tags([" ticket.priority:high", "skill:carry", "", "skill:carry"])
+    ['skill:carry', 'ticket.priority:high']
+    """
+    return sorted({tag.strip()[:MAX_TAG_CHARS] for tag in tags if tag.strip()})
 
 
 def _redacted_fields(candidate: Candidate, redactor: _Redactor) -> tuple[str, dict[str, Any]]:

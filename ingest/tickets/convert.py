@@ -49,7 +49,7 @@ def thread_candidates(thread: Thread) -> list[Candidate]:
         raise Rejected("no_agent_reply", f"{thread.key} was resolved without a public agent reply")
     if any(len(text) > MAX_TEXT_CHARS for text in [messages[0]["content"], *_texts(resolutions)]):
         raise Rejected("too_long", f"{thread.key} has a message over {MAX_TEXT_CHARS} characters")
-    provenance = Provenance("ticket", thread.key, thread.key, thread.names)
+    provenance = Provenance("ticket", thread.key, thread.key, thread.names, thread.tags)
     final = resolutions[-1].text
     candidates: list[Candidate] = []
     if thread.rating is None or not thread.rating.is_negative:
@@ -145,7 +145,9 @@ def _interactions(
         )
     return [
         InteractionCandidate(
-            Provenance("ticket", f"{thread.key}:comment:{ref}", thread.key, thread.names),
+            Provenance(
+                "ticket", f"{thread.key}:comment:{ref}", thread.key, thread.names, thread.tags
+            ),
             messages,
             post.text,
             tuple(items),

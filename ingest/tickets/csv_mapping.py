@@ -6,8 +6,9 @@ through a column mapping given on the command line:
 
 `field=Column` pairs, comma-separated; column names are matched exactly (spaces inside them
 are fine, around them ignored). Fields: id, body and resolution are required; subject,
-status, requester, assignee, satisfaction, reopened, escalated and first_resolution are
-optional. Without a mapping the columns are expected to be named after the fields.
+status, requester, assignee, satisfaction, reopened, escalated, first_resolution, category,
+priority, product and type are optional. Without a mapping the columns are expected to be
+named after the fields.
 
 Rules (a row has no history, so what it says is all there is):
 - Resolved: status solved, closed, resolved, done, fixed or completed (any case); without a
@@ -20,6 +21,8 @@ Rules (a row has no history, so what it says is all there is):
 - escalated (same values): the first answer, when there is one, was overruled.
 - satisfaction: good/satisfied/positive/up -> thumbs up; bad/unsatisfied/dissatisfied/
   negative/down -> thumbs down; 1-5 -> stars; empty, offered, unoffered, n/a -> none.
+- category, priority, product, type: tags on every item of the ticket
+  (`ticket.category:billing`), the slices its evaluation is judged by.
 The delimiter is whichever of `,`, `;` and tab the header line has most of.
 """
 
@@ -38,7 +41,16 @@ from ingest.tickets.convert import thread_candidates
 from ingest.tickets.export import TicketExport
 from ingest.tickets.files import detect_encoding, read_lines
 from ingest.tickets.text import body_text, looks_like_html
-from ingest.tickets.thread import Change, Entry, Post, Rating, Thread, unique_names
+from ingest.tickets.thread import (
+    TAGGED_FIELDS,
+    Change,
+    Entry,
+    Post,
+    Rating,
+    Thread,
+    ticket_tags,
+    unique_names,
+)
 
 if TYPE_CHECKING:
     from _csv import Reader
@@ -53,6 +65,7 @@ OPTIONAL_FIELDS = (
     "reopened",
     "escalated",
     "first_resolution",
+    *TAGGED_FIELDS,
 )
 RESOLVED_STATUSES = frozenset({"solved", "closed", "resolved", "done", "fixed", "completed"})
 MAPPING_EXAMPLE = "id=Ticket ID,body=Description,resolution=Resolution,status=Status"
@@ -171,6 +184,7 @@ def read_row(values: dict[str, str], ref: str) -> Thread:
         is_escalated=_yes(values, "escalated", ref),
         rating=_rating(values.get("satisfaction", ""), ref),
         names=unique_names(values.get("requester"), values.get("assignee")),
+        tags=ticket_tags(**{name: values.get(name) for name in TAGGED_FIELDS}),
     )
 
 

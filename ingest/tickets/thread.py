@@ -51,7 +51,9 @@ class Rating:
 class Thread:
     """`source_format` and `ticket_id` make the key ("zendesk:4711") every candidate of the
     thread is grouped under. `is_resolved` is the ticket's final state, which wins over a
-    timeline that ends otherwise (a history can be cut short; the status field cannot)."""
+    timeline that ends otherwise (a history can be cut short; the status field cannot).
+    `tags` are the ticket's own fields as labels (`ticket_tags`): every candidate of the
+    thread carries them, and the evaluation slices by them."""
 
     source_format: str
     ticket_id: str
@@ -61,6 +63,7 @@ class Thread:
     is_escalated: bool = False
     rating: Rating | None = None
     names: tuple[str, ...] = field(default=())
+    tags: tuple[str, ...] = field(default=())
 
     @property
     def key(self) -> str:
@@ -74,3 +77,21 @@ def unique_names(*names: str | None) -> tuple[str, ...]:
         if name and name.strip():
             seen.setdefault(name.strip(), None)
     return tuple(seen)
+
+
+TAGGED_FIELDS = ("category", "priority", "product", "type")
+"""Ticket fields that become tags: what a helpdesk sorts tickets by, so what a regression
+would be noticed by."""
+
+
+def ticket_tags(**fields: str | None) -> tuple[str, ...]:
+    """`ticket.<field>:<value>` for each field given a value, lower-cased, spaces as dashes.
+
+    >>> ticket_tags(category="Billing", priority="High", product=None)
+    ('ticket.category:billing', 'ticket.priority:high')
+    """
+    return tuple(
+        f"ticket.{name}:{'-'.join(value.split()).casefold()}"
+        for name, value in fields.items()
+        if value and value.strip()
+    )

@@ -28,6 +28,7 @@ or the same ticket objects one per line (`.jsonl`). Other top-level keys (`next_
 - Escalated: a tag containing "escalat"; its audit `Change` on `tags` says when.
 - Satisfaction: `satisfaction_rating.score` good -> thumbs up, bad -> thumbs down
   (offered/unoffered are no rating).
+- Tags for the evaluation's slices: `priority` and `type` (`ticket.priority:high`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from ingest.tickets.thread import (
     Rating,
     Role,
     Thread,
+    ticket_tags,
     unique_names,
 )
 
@@ -76,6 +78,7 @@ def read_ticket(ticket: Fields) -> Thread:
         is_escalated=any("escalat" in tag.casefold() for tag in ticket.strings("tags")),
         rating=Rating({"thumbs": score}) if score else None,
         names=unique_names(_sender_name(ticket), *(user.text("name") for user in users.values())),
+        tags=ticket_tags(priority=ticket.text("priority"), type=ticket.text("type")),
     )
 
 

@@ -22,6 +22,7 @@ from typer.testing import CliRunner
 from flywheel.cli.report import report
 from flywheel.db import unit_of_work
 from flywheel.errors import NotFound
+from flywheel.evaluation.gate import Evaluation, GatePolicy, decide
 from flywheel.models import DatasetVersion, Domain, ModelVersion, PromotionEvent, Run
 from flywheel.reporting import gather_report, render_html, write_report
 from flywheel.reporting.metrics import MlflowMetricReader, RunMetrics
@@ -479,3 +480,35 @@ def test_the_cli_writes_to_the_workspace_and_prints_the_path(
 
     result = runner.invoke(app, ["--domain", "payroll"])
     assert isinstance(result.exception, NotFound)
+
+
+def test_report_shows_every_slice_before_and_after(
+    sessions: sessionmaker[Session], acme: Caller, mlflow_store: History
+) -> None:
+    seed(sessions, acme, mlflow_store)
+    ids = [f"item-{i:03d}" for i in range(100)]
+    slices = {item: ["source:feedback", "skill:carry" if i < 60 else "skill:no-carry"]
+              for i, item in enumerate(ids)}  # fmt: skip
+    old = {item: float(i >= 60) for i, item in enumerate(ids)}
+    new = {item: float(i < 30 or i >= 64) for i, item in enumerate(ids)}
+    decision = decide(
+        Evaluation({"pass@1": new}, slices), Evaluation({"pass@1": old}, slices),
+        GatePolicy(primary_metric="pass@1", min_slice_items=40),
+    )  # fmt: skip
+    with unit_of_work(sessions) as session:
+        second = session.scalars(select(ModelVersion).where(ModelVersion.version == "2")).one()
+        second.gate_result = {"is_promoted": decision.is_promoted, "reasons": decision.reasons,
+                              "against": "1", "evidence": decision.evidence}  # fmt: skip
+    with sessions() as session:
+        found = gather_report(
+            session, tenant_id=acme.tenant_id, domain="billing",
+            tracking_uri=mlflow_store.tracking_uri,
+        )  # fmt: skip
+    document = render_html(found)
+
+    assert "Slices of v2 against v1 (pass@1): before / after" in document
+    assert rows(section(document, "slices-v2")) == [
+        "skill:carry | 60 | 0.0000 | 0.5000 | +0.5000 | 0.0000 | yes | no",
+        "skill:no-carry | 40 | 1.0000 | 0.9000 | -0.1000 | 0.0000 | yes | no",
+        "source:feedback | 100 | 0.4000 | 0.6600 | +0.2600 | 0.0000 | yes | no",
+    ]

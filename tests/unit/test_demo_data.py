@@ -198,3 +198,15 @@ def test_the_arithmetic_domain_finetune_shares_loads_only_the_standard_library()
         "flywheel.demo",
         "flywheel.demo.arithmetic",
     ]
+
+
+def test_the_arithmetic_skill_rules_label_exactly_the_carries_and_the_rest() -> None:
+    import re
+
+    from flywheel.demo.arithmetic import SKILL_RULES, problems
+
+    carry, plain = (re.compile(SKILL_RULES[name]) for name in ("skill:carry", "skill:no-carry"))
+    for problem in problems():
+        assert bool(carry.search(problem.prompt)) == problem.carries, problem.prompt
+        assert bool(plain.search(problem.prompt)) == (not problem.carries), problem.prompt
+    assert arithmetic_plan(quick=True)["slice_rules"] == SKILL_RULES

@@ -127,7 +127,9 @@ def test_exact_tie_is_refused() -> None:
     assert (interval["mean_diff"], interval["low"], interval["high"]) == (0, 0, 0)
     assert decision.reasons == [
         "pass@1 did not improve significantly: mean difference +0.0000, "
-        "95% CI [+0.0000, +0.0000] does not lie above 0"
+        "95% CI [+0.0000, +0.0000] does not lie above 0",
+        "pass@1 did not improve significantly by the exact sign test: 0 wins, 0 losses, "
+        "one-sided p = 1.0000 > 0.025",
     ]
 
 
@@ -328,3 +330,124 @@ def test_bad_policies_are_refused(overrides: dict[str, object]) -> None:
     fields: dict[str, object] = {"primary_metric": "pass@1"} | overrides
     with pytest.raises(InvalidInput):
         GatePolicy(**fields)  # type: ignore[arg-type]
+
+
+# The exact paired test of binary metrics, and slices from tags.
+
+
+def test_four_wins_no_losses_of_thirty_are_refused_by_the_exact_test() -> None:
+    # The bootstrap alone passed this: every resample without one of the 4 wins is rare.
+    champion = first(10, 30)
+    challenger = first(14, 30)
+    decision = decide(evaluation(challenger), evaluation(champion), POLICY)
+    primary = decision.evidence["primary"]
+    assert primary["interval"]["low"] > 0
+    assert not decision.is_promoted
+    assert primary["exact_test"] == {
+        "wins": 4,
+        "losses": 0,
+        "p_value": pytest.approx(0.0625),
+        "level": pytest.approx(0.025),
+        "passed": False,
+    }
+    assert decision.reasons == [
+        "pass@1 did not improve significantly by the exact sign test: 4 wins, 0 losses, "
+        "one-sided p = 0.0625 > 0.025"
+    ]
+
+
+def test_six_clean_wins_pass_the_exact_test() -> None:
+    decision = decide(evaluation(first(16, 30)), evaluation(first(10, 30)), POLICY)
+    assert decision.evidence["primary"]["exact_test"]["p_value"] == pytest.approx(1 / 64)
+    assert decision.is_promoted
+
+
+def test_continuous_scores_have_no_exact_test() -> None:
+    champion = evaluation([0.5] * 40)
+    decision = decide(evaluation([0.75] * 40), champion, POLICY)
+    assert decision.evidence["primary"]["exact_test"] is None
+    assert decision.is_promoted
+
+
+def tagged(n: int, tag_of: dict[int, str]) -> dict[str, list[str]]:
+    return {f"item-{i:04d}": ["source:feedback", *([tag_of[i]] if i in tag_of else [])]
+            for i in range(n)}  # fmt: skip
+
+
+def demo_like_drop(losses: int) -> tuple[Evaluation, Evaluation, dict[str, list[str]]]:
+    """200 items: 120 carries the challenger learns (0.0 -> 0.5), 80 no-carry sums the base
+    solved (1.00) of which the challenger loses `losses`."""
+    slices = tagged(200, {i: "skill:carry" if i < 120 else "skill:no-carry" for i in range(200)})
+    champion = [False] * 120 + [True] * 80
+    challenger = [i < 60 for i in range(120)] + [i >= losses for i in range(80)]
+    return evaluation(challenger, slices=slices), evaluation(champion, slices=slices), slices
+
+
+def test_judged_slice_dropping_beyond_its_tolerance_fails_the_gate() -> None:
+    # 1.00 -> 0.90 on 80 no-carry items: 8 losses, 0 wins, p = 2^-8 < 0.05 / (2 * 3).
+    challenger, champion, _ = demo_like_drop(8)
+    decision = decide(challenger, champion, POLICY)
+    assert decision.evidence["primary"]["passed"]
+    assert not decision.is_promoted
+    by_slice = {entry["slice"]: entry for entry in decision.evidence["slices"]}
+    no_carry = by_slice["skill:no-carry"]
+    assert (no_carry["champion_mean"], no_carry["challenger_mean"]) == (1.0, 0.9)
+    assert (no_carry["n"], no_carry["judged"], no_carry["regressed"]) == (80, True, True)
+    assert no_carry["drop_test"]["losses"] == 8
+    assert no_carry["drop_test"]["level"] == pytest.approx(0.05 / 6)
+    assert not by_slice["skill:carry"]["regressed"]
+    assert decision.reasons == [
+        "slice 'skill:no-carry' regressed on pass@1: 1.0000 -> 0.9000 on 80 items (8 losses, "
+        "0 wins, one-sided p = 0.0039), a drop beyond its tolerance of 0.0000"
+    ]
+
+
+def test_a_drop_within_the_slice_tolerance_is_allowed() -> None:
+    challenger, champion, _ = demo_like_drop(8)
+    lenient = GatePolicy(primary_metric="pass@1", slice_tolerances={"skill:no-carry": 0.1})
+    decision = decide(challenger, champion, lenient)
+    assert decision.is_promoted
+    no_carry = next(e for e in decision.evidence["slices"] if e["slice"] == "skill:no-carry")
+    assert no_carry["tolerance"] == 0.1
+    assert decision.evidence["policy"]["slice_tolerances"] == {"skill:no-carry": 0.1}
+
+
+def test_noise_level_changes_on_slices_do_not_veto() -> None:
+    # Every slice moves a little either way (3 lost, 1 won on no-carry: p = 0.31); the
+    # overall gain is clear, so it is promoted.
+    challenger, champion, slices = demo_like_drop(3)
+    new = dict(challenger.metrics["pass@1"]) | {"item-0199": 1.0}
+    old = dict(champion.metrics["pass@1"]) | {"item-0199": 0.0}
+    decision = decide(
+        Evaluation({"pass@1": new}, slices, 0.0), Evaluation({"pass@1": old}, slices, 0.0), POLICY
+    )
+    assert decision.is_promoted
+    assert not any(entry["regressed"] for entry in decision.evidence["slices"])
+
+
+def test_items_belong_to_every_slice_they_are_labelled_with() -> None:
+    challenger, champion, _ = demo_like_drop(0)
+    decision = decide(challenger, champion, POLICY)
+    counts = {entry["slice"]: entry["n"] for entry in decision.evidence["slices"]}
+    assert counts == {"skill:carry": 120, "skill:no-carry": 80, "source:feedback": 200}
+    assert decision.evidence["slice_confidence"] == pytest.approx(1 - 0.05 / 3)
+    for entry in decision.evidence["slices"]:
+        assert {"champion_mean", "challenger_mean", "n", "judged", "tolerance", "regressed"} <= set(
+            entry
+        )
+
+
+def test_a_gate_config_naming_an_unknown_slice_is_refused() -> None:
+    challenger, champion, _ = demo_like_drop(0)
+    policy = GatePolicy(primary_metric="pass@1", slice_tolerances={"skill:division": 0.05})
+    with pytest.raises(InvalidInput) as raised:
+        decide(challenger, champion, policy)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith("the gate config names slices no eval item has: ['skill:division']")
+
+
+@pytest.mark.parametrize("tolerance", [-0.1, 1.5, "0.1", True])
+def test_bad_slice_tolerances_are_refused(tolerance: object) -> None:
+    with pytest.raises(InvalidInput, match="tolerances are numbers in"):
+        GatePolicy(primary_metric="pass@1", slice_tolerances={"skill:carry": tolerance})  # type: ignore[dict-item]

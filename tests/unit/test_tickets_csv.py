@@ -106,8 +106,8 @@ def test_csv_mapping_syntax_and_its_errors() -> None:
         "body": "Description",
         "resolution": "Resolution",
     }
-    with pytest.raises(InvalidInput, match=r"unknown field 'priority' \(known: id, body"):
-        parse_mapping("id=ID,body=Body,resolution=Res,priority=Prio")
+    with pytest.raises(InvalidInput, match=r"unknown field 'urgency' \(known: id, body"):
+        parse_mapping("id=ID,body=Body,resolution=Res,urgency=Prio")
     with pytest.raises(InvalidInput, match="no column for resolution"):
         parse_mapping("id=ID,body=Body")
     with pytest.raises(InvalidInput, match="'body Body' is not field=Column"):
