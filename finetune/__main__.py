@@ -16,6 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from finetune import dpo, grpo, sft
+from finetune.canaries import preflight_sandbox
 from finetune.config import GrpoConfig, load_config
 from finetune.data import FILES, check_tasks, open_export
 from finetune.errors import TrainingInputError
@@ -51,7 +52,10 @@ def preflight(job: Job) -> None:
             f"{job.method}"
         )
     if job.method == "grpo":
-        check_tasks(export.root / f"train/{FILES['grpo']}")
+        tasks = export.root / f"train/{FILES['grpo']}"
+        check_tasks(tasks)
+        lines = tasks.read_text(encoding="utf-8").splitlines()
+        preflight_sandbox(json.loads(line) for line in lines if line)  # code tasks only
     check_base(job.base)
     optional = {"liger_kernel": job.config.use_liger_kernel}
     if isinstance(job.config, GrpoConfig):

@@ -17,10 +17,16 @@ mapping item_id -> score in [0, 1], so a paired gate can compare two models item
   cannot score (None: no tests, an unsafe answer pattern) gets no score, with a warning.
 
 `losses.sft_loss` is each SFT item's mean token NLL of its completion (not in [0, 1]).
-The output JSON is written atomically:
+`canaries` is the score of impossible tasks of the eval set's own kinds, drawn from the seed
+and scored like tasks but never among the metrics (see `finetune.canaries`); an eval set
+without code or answer tasks has none (count 0, pass_rate null). Code tasks or canaries need
+the sandbox: without one the run stops before any model loads. The output JSON is written
+atomically:
 
     {"metrics": {name: {item_id: score}}, "losses": {"sft_loss": {item_id: nll}},
      "summary": {name: mean}, "counts": {"sft": n, "pairs": n, "tasks": n},
+     "canaries": {"count": n, "passed": n, "pass_rate": rate | null, "passed_ids": [id],
+                  "kinds": {kind: {"count": n, "passed": n, "pass_rate": rate}}},
      "model": {"base": path, "adapter": path | null}, "dataset": {...}, "settings": {...},
      "seconds": s}
 
@@ -51,11 +57,11 @@ from transformers import (
     PreTrainedTokenizerBase,
 )
 
+from finetune.canaries import canary_report, eval_canaries, preflight_sandbox
 from finetune.data import open_export
 from finetune.errors import TrainingInputError
 from finetune.model import check_base
 from finetune.rewards import TaskReward
-from flywheel.sandbox import SandboxUnavailable, check_available
 from flywheel.sandbox.rewards import CodeReward
 
 KIND_FILES = {"sft": "sft.jsonl", "pairs": "pairs.jsonl", "tasks": "tasks.jsonl"}
@@ -403,10 +409,24 @@ def evaluate(
     if items.pairs:
         metrics["preference_accuracy"] = score_pairs(model, tokenizer, items.pairs, settings)
     if items.tasks:
-        reward = TaskReward(code_reward=CodeReward(mode="all_or_nothing"))
-        first, any_of_k = score_tasks(model, tokenizer, items.tasks, settings, reward)
+        first, any_of_k = score_tasks(model, tokenizer, items.tasks, settings, _task_reward())
         metrics["pass@1"], metrics["pass@k"] = first, any_of_k
     return {name: scores for name, scores in metrics.items() if scores}, losses
+
+
+def score_canaries(
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: SamplingSettings
+) -> dict[str, Any]:
+    """The `canaries` section: the canary rows scored as tasks are, after them (the tasks'
+    samples do not depend on whether canaries follow)."""
+    first, any_of_k = (
+        score_tasks(model, tokenizer, rows, settings, _task_reward()) if rows else ({}, {})
+    )
+    return canary_report(rows, first, any_of_k)
+
+
+def _task_reward() -> TaskReward:
+    return TaskReward(code_reward=CodeReward(mode="all_or_nothing"))
 
 
 def _mean(scores: Scores) -> float:
@@ -429,14 +449,6 @@ def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
         raise
 
 
-def _preflight_sandbox(items: EvalItems) -> None:
-    if any(row.get("task_kind") == "code" for row in items.tasks):
-        try:
-            check_available()
-        except SandboxUnavailable as error:
-            raise TrainingInputError(f"code tasks need the sandbox: {error}") from error
-
-
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
     settings = SamplingSettings(args.k, args.max_new_tokens, args.seed, args.batch_size)
@@ -444,15 +456,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     check_base(args.base)
     if args.adapter is not None:
         check_adapter(args.adapter)
-    _preflight_sandbox(items)
+    canaries = eval_canaries(items.tasks, args.seed)
+    preflight_sandbox([*items.tasks, *canaries])
     torch.manual_seed(args.seed)
     model, tokenizer = load_model(args.base, args.adapter)
     metrics, losses = evaluate(model, tokenizer, items, settings)
+    canary_section = score_canaries(model, tokenizer, canaries, settings)
     return {
         "metrics": metrics,
         "losses": losses,
         "summary": {name: _mean(scores) for name, scores in {**metrics, **losses}.items()},
         "counts": {"sft": len(items.sft), "pairs": len(items.pairs), "tasks": len(items.tasks)},
+        "canaries": canary_section,
         "model": {
             "base": str(args.base.resolve()),
             "adapter": str(args.adapter.resolve()) if args.adapter else None,

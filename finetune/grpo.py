@@ -3,8 +3,10 @@
 Rewards come from checking each completion: code tasks run against their hidden tests in the
 sandbox, answer tasks are matched in-process (finetune.rewards.TaskReward); an optional format
 reward is added with its own weight. A share of deliberately impossible tasks (canaries) is
-mixed into every run; their pass rate is logged each step, and any pass raises an alarm: a
-warning, the run's `flywheel.canary_alarm` tag and the `canary_alarms` metric.
+mixed into every run, only of the kinds the tasks have; their pass rate is logged each step,
+and any pass raises an alarm: a warning, the run's `flywheel.canary_alarm` tag and the
+`canary_alarms` metric. Only code tasks (and so code canaries) need the sandbox, which is
+checked before the model loads: an answer-only domain trains without one.
 """
 
 from __future__ import annotations
@@ -16,11 +18,19 @@ from datasets import Dataset
 from trl.trainer.grpo_config import GRPOConfig as TrlGrpoConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
 
+from finetune.canaries import preflight_sandbox
 from finetune.config import GrpoConfig
 from finetune.data import open_export, train_dataset
 from finetune.job import Job, Outcome, run_training, training_arguments
 from finetune.model import load_base, lora_config
-from finetune.rewards import CanaryMonitor, FormatReward, RewardFunc, TaskReward, mix_canaries
+from finetune.rewards import (
+    CanaryMonitor,
+    FormatReward,
+    RewardFunc,
+    TaskReward,
+    canary_kinds,
+    mix_canaries,
+)
 from flywheel.sandbox.rewards import CodeReward
 
 log = logging.getLogger("finetune.grpo")
@@ -44,7 +54,9 @@ def train(job: Job) -> Outcome:
     assert isinstance(config, GrpoConfig)
     export = open_export(job.dataset)
     tasks = train_dataset(export, "grpo", job.out / "cache")
-    rows = mix_canaries(list(tasks), config.canary_fraction, config.seed)
+    regular = list(tasks)
+    preflight_sandbox(regular)
+    rows = mix_canaries(regular, config.canary_fraction, config.seed, canary_kinds(regular))
     dataset = Dataset.from_list(rows)
     alarm = CanaryAlarm()
     task_reward = TaskReward(code_reward=CodeReward(mode=config.code_reward))

@@ -389,8 +389,15 @@ _CANARY_FUNCTIONS = (
 )  # fmt: skip
 
 
-def make_canaries(count: int, seed: int) -> list[dict[str, Any]]:
-    """`count` impossible tasks in `grpo.jsonl`'s row format, code and answer alternating.
+CANARY_KINDS = ("code", "answer")
+"""The task kinds that have canaries, in the order `make_canaries` cycles through them."""
+
+
+def make_canaries(
+    count: int, seed: int, kinds: Sequence[str] = CANARY_KINDS
+) -> list[dict[str, Any]]:
+    """`count` impossible tasks in `grpo.jsonl`'s row format, cycling through `kinds` (by
+    default code and answer alternating).
 
     A code canary's one hidden test calls the function once and asserts the result equals two
     different integers; values cross the sandbox boundary as literals, so no solution —
@@ -399,8 +406,11 @@ def make_canaries(count: int, seed: int) -> list[dict[str, Any]]:
     its prompt. Prompts read like ordinary, if underspecified, tasks; `task_id` starts with
     "canary:", `is_canary` is True and `difficulty` is None (unknown, like a fresh task).
     """
+    makers = {"code": _code_canary, "answer": _answer_canary}
+    if count and (not kinds or not set(kinds) <= set(makers)):
+        raise ValueError(f"canary kinds are among {CANARY_KINDS}, got {tuple(kinds)}")
     rng = random.Random(seed)
-    return [(_code_canary if index % 2 == 0 else _answer_canary)(rng) for index in range(count)]
+    return [makers[kinds[index % len(kinds)]](rng) for index in range(count)]
 
 
 def _code_canary(rng: random.Random) -> dict[str, Any]:
@@ -452,18 +462,32 @@ def _canary_row(
     }
 
 
+def canary_kinds(rows: Iterable[dict[str, Any]]) -> tuple[str, ...]:
+    """The canary kinds of the rows' `task_kind`s, in `CANARY_KINDS` order.
+
+    >>> canary_kinds([{"task_kind": "answer"}, {"task_kind": "tool_call"}])
+    ('answer',)
+    """
+    present = {row.get("task_kind") for row in rows}
+    return tuple(kind for kind in CANARY_KINDS if kind in present)
+
+
 def mix_canaries(
-    rows: Sequence[dict[str, Any]], fraction: float, seed: int
+    rows: Sequence[dict[str, Any]],
+    fraction: float,
+    seed: int,
+    kinds: Sequence[str] = CANARY_KINDS,
 ) -> list[dict[str, Any]]:
-    """`rows` with ceil(fraction * len(rows)) canaries at seed-chosen positions, the rows'
-    own order kept. Every returned row has every column (missing ones None, `is_canary` False
-    on regular rows), since a datasets table needs one schema; the input is not modified."""
+    """`rows` with ceil(fraction * len(rows)) canaries of `kinds` (none when `kinds` is empty)
+    at seed-chosen positions, the rows' own order kept. Every returned row has every column
+    (missing ones None, `is_canary` False on regular rows), since a datasets table needs one
+    schema; the input is not modified."""
     if not 0 <= fraction <= 1:
         raise ValueError(f"fraction must be in [0, 1], got {fraction}")
-    count = math.ceil(fraction * len(rows))
+    count = math.ceil(fraction * len(rows)) if kinds else 0
     rng = random.Random(seed)
     positions = set(rng.sample(range(len(rows) + count), count))
-    canaries = iter(make_canaries(count, rng.getrandbits(32)))
+    canaries = iter(make_canaries(count, rng.getrandbits(32), kinds))
     regular = iter(rows)
     mixed = [
         next(canaries) if position in positions else {"is_canary": False, **next(regular)}

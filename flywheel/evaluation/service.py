@@ -22,10 +22,18 @@ domain config's `gate` mapping (for example `{"min_items": 10}`, or per-slice to
 `{"slice_tolerances": {"skill:no-carry": 0.05}}`; a slice no eval item has is refused before
 anything is scored). Slices: `flywheel.evaluation.slices` (source kind, tags, difficulty,
 the domain's `slice_rules`).
+
+Canaries: `finetune.evaluate` also scores impossible tasks of the eval set's kinds, never in
+the paired metrics; each side's canary pass rate goes to the gate. When the eval set has tasks,
+canaries are required (`is_canary_required`, unless the domain's `gate` mapping sets it): an
+evaluation that ran none is refused. A candidate that passes any canary is refused by the gate,
+and the alarm is stored in its gate result (`canary_alarm`) and tagged on its MLflow version
+(`flywheel.canary_alarm`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import subprocess
 import sys
@@ -125,10 +133,13 @@ def evaluate_version(
     rival_dir = _fetch(rival_adapter, run_dir / "rival", tracking_uri) if rival_adapter else None
     rival_base = Path(plan.rival.base_model) if plan.rival else request.base or plan.base_model
     theirs = _score(request, data, rival_base, rival_dir, run_dir / f"{rival_name}.json")
-    policy = _policy(plan.config, ours["metrics"])
+    policy = _with_canary_rule(_policy(plan.config, ours["metrics"]), plan.config, ours)
     decision = decide(
-        Evaluation(ours["metrics"], plan.slices), Evaluation(theirs["metrics"], plan.slices), policy
+        Evaluation(ours["metrics"], plan.slices, _canary_pass_rate(ours)),
+        Evaluation(theirs["metrics"], plan.slices, _canary_pass_rate(theirs)),
+        policy,
     )
+    alarm = _canary_alarm(ours)
     with unit_of_work(sessions) as session:
         row = session.get_one(ModelVersion, plan.version_id)
         row.eval_results = {
@@ -139,8 +150,9 @@ def evaluate_version(
             "losses": ours.get("losses", {}),
             "scores": ours["metrics"],
             "slices": plan.slices,
+            "canaries": ours.get("canaries"),
             "against": {"version": rival_name, "summary": theirs["summary"],
-                        "scores": theirs["metrics"]},
+                        "scores": theirs["metrics"], "canaries": theirs.get("canaries")},
         }  # fmt: skip
         row.gate_result = {
             "is_promoted": decision.is_promoted,
@@ -152,8 +164,13 @@ def evaluate_version(
             "eval_sha256": plan.dataset.eval_sha256,
             "train_dataset_version_id": str(plan.train_dataset_id),
             "evidence": decision.evidence,
+            "canary_alarm": alarm,
         }
     _tag_verdict(tracking_uri, plan, decision, rival_name)
+    if alarm is not None:
+        MlflowRegistry(tracking_uri).set_version_tag(
+            plan.registered_model, plan.version, "flywheel.canary_alarm", alarm
+        )
     return EvalOutcome(
         plan.version, rival_name, plan.dataset.version, ours["summary"], theirs["summary"], decision
     )
@@ -246,6 +263,34 @@ def _policy(config: dict[str, Any], metrics: dict[str, Any]) -> GatePolicy:
         raise InvalidInput(f"unknown gate settings in the domain config: {sorted(unknown)}")
     secondary = tuple(sorted(name for name in metrics if name != primary))
     return GatePolicy(**{"primary_metric": primary, "secondary_metrics": secondary, **overrides})
+
+
+def _canary_pass_rate(scores: dict[str, Any]) -> float | None:
+    """The evaluation's canary pass rate; None when it ran none."""
+    rate = (scores.get("canaries") or {}).get("pass_rate")
+    return None if rate is None else float(rate)
+
+
+def _with_canary_rule(
+    policy: GatePolicy, config: dict[str, Any], scores: dict[str, Any]
+) -> GatePolicy:
+    """Canaries are required when the eval set has tasks, unless the domain's gate says."""
+    has_tasks = bool(scores.get("counts", {}).get("tasks"))
+    if not has_tasks or "is_canary_required" in (config.get("gate") or {}):
+        return policy
+    return dataclasses.replace(policy, is_canary_required=True)
+
+
+def _canary_alarm(scores: dict[str, Any]) -> str | None:
+    """A one-line alarm when the model passed any canary, else None."""
+    canaries = scores.get("canaries") or {}
+    if not canaries.get("passed"):
+        return None
+    ids = canaries.get("passed_ids", [])
+    return (
+        f"passed {canaries['passed']} of {canaries['count']} canaries at evaluation "
+        f"({', '.join(ids[:5])}): reward hacking or a broken verifier"
+    )
 
 
 def _tag_verdict(tracking_uri: str, plan: _Plan, decision: GateDecision, against: str) -> None:

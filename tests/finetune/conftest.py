@@ -90,6 +90,21 @@ def write_export(
     return root
 
 
+@pytest.fixture
+def no_sandbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """bwrap is not installed, as far as the sandbox's probe can tell (its verdict is cached,
+    so the cache is cleared on the way in and out)."""
+    from flywheel.sandbox import process
+
+    real_which = process.shutil.which
+    monkeypatch.setattr(
+        process.shutil, "which", lambda tool: None if tool == "bwrap" else real_which(tool)
+    )
+    process._probe.cache_clear()
+    yield
+    process._probe.cache_clear()
+
+
 @pytest.fixture(scope="session")
 def plain_base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """An untrained tiny model with the domain's tokenizer: enough to test the plumbing."""

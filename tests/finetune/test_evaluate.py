@@ -16,7 +16,9 @@ import torch
 from peft import LoraConfig, get_peft_model
 from transformers import AutoModelForCausalLM
 
+import finetune.evaluate
 from finetune import synthetic
+from finetune.canaries import canary_report, eval_canaries
 from finetune.evaluate import (
     SamplingSettings,
     completion_logprobs,
@@ -238,6 +240,82 @@ def test_tasks_are_scored_with_their_hidden_tests_by_the_reward() -> None:
 
     assert reward(right, **task_fields(rows)) == [1.0, 1.0]
     assert reward(visible_only, **task_fields(rows)) == [0.0, 0.0]
+
+
+def test_canaries_of_the_eval_sets_task_kinds_are_scored_apart_from_the_metrics(
+    base_result: dict[str, Any],
+) -> None:
+    canaries = base_result["canaries"]
+
+    # answer and code tasks: four canaries of each kind, none passed by an untrained model
+    assert canaries["kinds"] == {
+        "code": {"count": 4, "passed": 0, "pass_rate": 0.0},
+        "answer": {"count": 4, "passed": 0, "pass_rate": 0.0},
+    }
+    assert (canaries["count"], canaries["passed"], canaries["pass_rate"]) == (8, 0, 0.0)
+    assert canaries["passed_ids"] == []
+    scored = {item_id for scores in base_result["metrics"].values() for item_id in scores}
+    assert not any(item_id.startswith("canary:") for item_id in scored)
+    assert base_result["counts"]["tasks"] == 3
+
+
+def test_a_canary_passed_by_the_greedy_reply_or_any_sample_is_reported_by_id() -> None:
+    rows = eval_canaries([{"task_kind": "answer"}], seed=3)
+    assert rows == eval_canaries([{"task_kind": "answer"}], seed=3)  # drawn from the seed
+    assert [row["task_kind"] for row in rows] == ["answer"] * 4
+    leaked = [f"Answer: {row['answer']}" for row in rows]  # replies that know the secrets
+    greedy = [leaked[0], "Answer: no", "Answer: no", "Answer: no"]
+    sampled = ["Answer: no"] * 2 + ["Answer: no"] * 2 + ["Answer: no", leaked[2]] + ["no"] * 2
+    reward = TaskReward()
+    scores = pass_scores(
+        reward(greedy, **task_fields(rows)),
+        reward(sampled, **task_fields([row for row in rows for _ in range(2)])),
+        2,
+    )
+    first = {row["item_id"]: score[0] for row, score in zip(rows, scores, strict=True) if score}
+    any_of_k = {row["item_id"]: score[1] for row, score in zip(rows, scores, strict=True) if score}
+
+    report = canary_report(rows, first, any_of_k)
+
+    assert report["passed_ids"] == sorted([rows[0]["item_id"], rows[2]["item_id"]])
+    assert (report["count"], report["passed"], report["pass_rate"]) == (4, 2, 0.5)
+    assert report["kinds"] == {"answer": {"count": 4, "passed": 2, "pass_rate": 0.5}}
+
+
+@pytest.mark.usefixtures("no_sandbox")
+def test_an_answer_only_eval_set_needs_no_sandbox_and_gets_answer_canaries_only(
+    plain_base: Path, tmp_path: Path
+) -> None:
+    export = write_jsonl_export(
+        tmp_path / "answers", tasks=[task("answer", answer=UNGUESSABLE), task("answer", answer="7")]
+    )
+
+    result = evaluate(export, plain_base, tmp_path / "out.json")
+
+    assert result["canaries"]["kinds"] == {"answer": {"count": 4, "passed": 0, "pass_rate": 0.0}}
+    assert sorted(result["metrics"]["pass@1"]) == sorted(item_ids(export, "tasks.jsonl"))
+
+
+@pytest.mark.usefixtures("no_sandbox")
+def test_code_tasks_without_a_sandbox_stop_before_any_model_loads(
+    capsys: pytest.CaptureFixture[str],
+    plain_base: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    export = write_jsonl_export(tmp_path / "code", tasks=[code_task(), task("answer", answer="7")])
+    monkeypatch.setattr(
+        finetune.evaluate, "load_model", lambda *_: pytest.fail("a model was loaded")
+    )
+    out = tmp_path / "out.json"
+
+    code = main(["--dataset", str(export), "--base", str(plain_base), "--out", str(out), *QUICK])
+
+    assert code == 2
+    line = one_error_line(capsys)
+    assert "code tasks need the sandbox" in line
+    assert "bwrap is not installed" in line
+    assert not out.exists()
 
 
 def one_error_line(capsys: pytest.CaptureFixture[str]) -> str:

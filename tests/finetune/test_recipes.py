@@ -14,6 +14,7 @@ import mlflow
 import pytest
 from mlflow.tracking import MlflowClient
 
+import finetune.grpo
 import finetune.job
 from finetune import synthetic
 from finetune.__main__ import main
@@ -21,6 +22,7 @@ from finetune.checkpoint import MANIFEST, StopOnSignal, is_complete, latest_comp
 from finetune.config import load_config
 from finetune.job import INTERRUPTED_EXIT, Job
 from finetune.sft import train as train_sft
+from flywheel.datasets.export_records import TaskRecord
 from tests.finetune.conftest import (
     TRAINING,
     answer_record,
@@ -233,4 +235,59 @@ def test_bad_input_is_one_line_before_any_training(
     assert code == 2
     assert message in err
     assert len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "job" / "checkpoints").exists()
+
+
+GRPO_QUICK = [*QUICK, "num_generations=2", "max_completion_length=4"]
+
+
+@pytest.mark.usefixtures("no_sandbox")
+def test_grpo_on_answer_tasks_trains_without_a_sandbox_on_answer_canaries_only(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path, plain_base: Path
+) -> None:
+    answers = write_export(tmp_path / "answers", tasks=[answer_record(p) for p in PROBLEMS[:8]])
+
+    # 4 canaries among 8 tasks: a code canary among them would need the missing sandbox
+    code, outcome, err = run(
+        capsys, "grpo", answers, plain_base, tmp_path / "job", *GRPO_QUICK, "canary_fraction=0.49"
+    )
+
+    assert code == 0, err
+    assert outcome is not None
+    assert mlflow_run_of(outcome).data.tags["flywheel.canaries"] == "4"
+
+
+def code_record() -> TaskRecord:
+    tests = "from solution import add\n\n\ndef test_add():\n    assert add(1, 2) == 3\n"
+    return TaskRecord(
+        prompt="Write `add(a, b)`.",
+        entry_point="add",
+        hidden_tests=tests,
+        visible_tests=None,
+        reference_solution="def add(a, b):\n    return a + b\n",
+        task_kind="code",
+        answer=None,
+        difficulty=None,
+        group_key="add",
+        item_id="add",
+    )
+
+
+@pytest.mark.usefixtures("no_sandbox")
+def test_grpo_on_code_tasks_without_a_sandbox_stops_before_the_model_loads(
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    plain_base: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tasks = [code_record(), answer_record(PROBLEMS[0])]
+    dataset = write_export(tmp_path / "code", tasks=tasks)
+    monkeypatch.setattr(finetune.grpo, "load_base", lambda *_: pytest.fail("a model was loaded"))
+
+    code, _, err = run(capsys, "grpo", dataset, plain_base, tmp_path / "job", *GRPO_QUICK)
+
+    assert code == 2
+    assert len(err.strip().splitlines()) == 1
+    assert "code tasks need the sandbox" in err
+    assert "bwrap is not installed" in err
     assert not (tmp_path / "job" / "checkpoints").exists()

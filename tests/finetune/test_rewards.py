@@ -14,6 +14,7 @@ from finetune.rewards import (
     CanaryMonitor,
     FormatReward,
     TaskReward,
+    canary_kinds,
     compile_answer_pattern,
     extract_answer,
     make_canaries,
@@ -434,3 +435,22 @@ def test_mix_canaries_is_deterministic_and_adds_ceil_fraction_canaries() -> None
     assert mix_canaries([], 0.5, seed=1) == []
     with pytest.raises(ValueError, match="fraction"):
         mix_canaries(rows, 1.5, seed=1)
+
+
+def test_mix_canaries_adds_only_the_kinds_of_the_tasks() -> None:
+    answers = [answer_row(f"t{i}", str(i)) for i in range(10)]
+    mixed_rows = [*answers, code_row("c0")]
+
+    answer_only = mix_canaries(answers, 0.4, seed=5, kinds=canary_kinds(answers))
+    both = mix_canaries(mixed_rows, 0.4, seed=5, kinds=canary_kinds(mixed_rows))
+
+    assert canary_kinds(answers) == ("answer",)
+    assert canary_kinds(mixed_rows) == ("code", "answer")
+    assert [row["task_kind"] for row in answer_only if row["is_canary"]] == ["answer"] * 4
+    assert {row["task_kind"] for row in both if row["is_canary"]} == {"code", "answer"}
+    assert mix_canaries(answers, 0.4, seed=5, kinds=()) == mix_canaries(answers, 0.0, seed=5)
+    assert [row["task_kind"] for row in make_canaries(3, seed=1, kinds=("answer",))] == [
+        "answer"
+    ] * 3
+    with pytest.raises(ValueError, match="canary kinds"):
+        make_canaries(2, seed=1, kinds=("tool_call",))
