@@ -60,7 +60,7 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module", params=sorted(tiny.FAMILIES))
 def family_base(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    directory = tmp_path_factory.mktemp("bases", numbered=False) / request.param
+    directory = tmp_path_factory.mktemp(request.param, numbered=False)
     tiny.save_family_base(directory, request.param)
     return directory
 
