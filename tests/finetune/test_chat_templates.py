@@ -5,6 +5,7 @@ GRPO, and SFT's loss covers exactly the assistant's tokens, end-of-turn token in
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +47,22 @@ def two_turns(first: synthetic.Problem, second: synthetic.Problem) -> SftRecord:
     """A conversation with an earlier assistant turn: both turns are the assistant's."""
     messages = [*synthetic.user(first), *synthetic.assistant(first.answer), *synthetic.user(second)]
     return SftRecord(messages, second.answer, 1.0, second.prompt, f"{first.prompt}{second.prompt}")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def mlflow_store(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """One embedded MLflow store for the module (conftest's gives each test its own): a fresh
+    store's migrations cost seconds, more than a step of training here, and nothing in this
+    module reads its runs."""
+    import mlflow
+
+    home = tmp_path_factory.mktemp("home")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("FLYWHEEL_HOME", str(home))
+        patch.delenv("FLYWHEEL_MLFLOW_TRACKING_URI", raising=False)
+        yield f"sqlite:///{home / 'mlflow.db'}"
+    if mlflow.active_run() is not None:
+        mlflow.end_run()
 
 
 @pytest.fixture(scope="module")
