@@ -10,7 +10,11 @@ same `from_pretrained(directory)` call that loads a real model: tests exercise t
 A randomly initialised model is no base for LoRA (a low-rank update of noise learns
 nothing), so `pretrain` gives it the knowledge a real base model would bring.
 
-CLI: `python -m finetune.tiny --out DIR [--text-file F] [--steps N]`.
+`save_family_base(directory, "qwen3")` writes an untrained tiny model of a real family instead
+(Llama 3 / 3.1 / 3.2, Qwen 2.5 / 3, Mistral, Phi-3, Gemma: `FAMILIES`), with that family's
+special tokens and the chat template it ships, for tests of the recipes on real templates.
+
+CLI: `python -m finetune.tiny --out DIR [--text-file F] [--steps N] [--family NAME]`.
 """
 
 from __future__ import annotations
@@ -353,6 +357,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        help="Instead: an untrained tiny model of a real family (architecture, special tokens, "
+        "chat template).",
+    )
     return parser.parse_args(argv)
 
 
@@ -369,6 +379,10 @@ def _corpus(text_file: Path | None) -> tuple[PreTrainedTokenizerFast, list[str]]
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
+    if args.family is not None:
+        save_family_base(args.out, args.family)
+        print(f"saved {args.out} ({args.family})")
+        return
     tokenizer, texts = _corpus(args.text_file)
     model = build_model(
         tokenizer,
