@@ -10,7 +10,11 @@ same `from_pretrained(directory)` call that loads a real model: tests exercise t
 A randomly initialised model is no base for LoRA (a low-rank update of noise learns
 nothing), so `pretrain` gives it the knowledge a real base model would bring.
 
-CLI: `python -m finetune.tiny --out DIR [--text-file F] [--steps N]`.
+`save_family_base(directory, "qwen3")` writes an untrained tiny model of a real family instead
+(Llama 3 / 3.1 / 3.2, Qwen 2.5 / 3, Mistral, Phi-3, Gemma: `FAMILIES`), with that family's
+special tokens and the chat template it ships, for tests of the recipes on real templates.
+
+CLI: `python -m finetune.tiny --out DIR [--text-file F] [--steps N] [--family NAME]`.
 """
 
 from __future__ import annotations
@@ -19,13 +23,28 @@ import argparse
 import math
 import random
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+from transformers import (
+    AutoModelForCausalLM,
+    GemmaConfig,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    Phi3Config,
+    PretrainedConfig,
+    PreTrainedModel,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen3Config,
+)
+from trl import chat_template_utils as trl_templates
 
 from finetune import synthetic
+from finetune.templates import MISTRAL_CHAT_TEMPLATE
 
 PAD = "<|pad|>"
 EOS = "<|eos|>"
@@ -60,6 +79,17 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTo
     byte symbols are always in the vocabulary (any text encodes, nothing is unknown), so
     `vocab_size` bounds the merges only: below 261 it adds none.
     """
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_train_bpe(texts, vocab_size, SPECIAL_TOKENS),
+        pad_token=PAD,
+        eos_token=EOS,
+        additional_special_tokens=list(ROLE_TOKENS),
+    )
+    tokenizer.chat_template = CHAT_TEMPLATE
+    return tokenizer
+
+
+def _train_bpe(texts: Iterable[str], vocab_size: int, special_tokens: Sequence[str]) -> Tokenizer:
     core = Tokenizer(models.BPE())
     core.pre_tokenizer = pre_tokenizers.Sequence(
         [
@@ -70,19 +100,12 @@ def build_tokenizer(texts: Iterable[str], vocab_size: int = 512) -> PreTrainedTo
     core.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=list(SPECIAL_TOKENS),
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     core.train_from_iterator(texts, trainer=trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=core,
-        pad_token=PAD,
-        eos_token=EOS,
-        additional_special_tokens=list(ROLE_TOKENS),
-    )
-    tokenizer.chat_template = CHAT_TEMPLATE
-    return tokenizer
+    return core
 
 
 def build_model(
@@ -182,11 +205,139 @@ def _pad_batch(
     return input_ids, attention_mask, labels
 
 
-def save_base(directory: Path, model: LlamaForCausalLM, tokenizer: PreTrainedTokenizerFast) -> None:
+def save_base(directory: Path, model: PreTrainedModel, tokenizer: PreTrainedTokenizerFast) -> None:
     """Model and tokenizer side by side, as `from_pretrained(directory)` expects them."""
     directory.mkdir(parents=True, exist_ok=True)
     model.save_pretrained(directory)
     tokenizer.save_pretrained(directory)
+
+
+# --- real families at toy size --------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Family:
+    """A real model family at toy size: its architecture, its control tokens (the special
+    tokens its tokenizer_config.json names) and the chat template it ships.
+
+    `end_of_turn` is the token that closes an assistant turn when it is not `eos` (the
+    model's generation config stops on both, as the real checkpoints' do); `added` are added
+    tokens the template writes that are not special (Qwen 3's think tags).
+    """
+
+    name: str
+    config_class: type[PretrainedConfig]
+    chat_template: str
+    eos: str
+    controls: tuple[str, ...]
+    bos: str | None = None
+    pad: str | None = None
+    end_of_turn: str | None = None
+    added: tuple[str, ...] = ()
+
+
+_LLAMA3 = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>",
+           "<|eot_id|>")  # fmt: skip
+_LLAMA3_1 = (*_LLAMA3, "<|eom_id|>", "<|python_tag|>", "<|finetune_right_pad_id|>")
+_QWEN = ("<|endoftext|>", "<|im_start|>", "<|im_end|>", "<tool_call>", "</tool_call>")
+_QWEN3_THINK = ("<think>", "</think>")
+
+FAMILIES = {
+    family.name: family
+    for family in (
+        # Llama 3 Instruct: eos <|eot_id|>, no pad token (load_base pads with eos).
+        Family("llama3", LlamaConfig, trl_templates.llama3_chat_template, "<|eot_id|>",
+               _LLAMA3, bos="<|begin_of_text|>"),
+        Family("llama3_1", LlamaConfig, trl_templates.llama3_1_chat_template, "<|eot_id|>",
+               _LLAMA3_1, bos="<|begin_of_text|>"),
+        Family("llama3_2", LlamaConfig, trl_templates.llama3_2_chat_template, "<|eot_id|>",
+               _LLAMA3_1, bos="<|begin_of_text|>"),
+        Family("qwen2_5", Qwen2Config, trl_templates.qwen2_5_chat_template, "<|im_end|>",
+               _QWEN, pad="<|endoftext|>"),
+        Family("qwen3", Qwen3Config, trl_templates.qwen3_chat_template, "<|im_end|>",
+               _QWEN, pad="<|endoftext|>", added=_QWEN3_THINK),
+        # Mistral Instruct v0.2: sentencepiece controls only; [INST] is plain text.
+        Family("mistral", MistralConfig, MISTRAL_CHAT_TEMPLATE, "</s>", ("<unk>", "<s>", "</s>"),
+               bos="<s>"),
+        Family("phi3", Phi3Config, trl_templates.phi3_chat_template, "<|endoftext|>",
+               ("<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"),
+               pad="<|endoftext|>", end_of_turn="<|end|>"),
+        Family("gemma", GemmaConfig, trl_templates.gemma_chat_template, "<eos>",
+               ("<pad>", "<eos>", "<bos>", "<start_of_turn>", "<end_of_turn>"),
+               bos="<bos>", pad="<pad>", end_of_turn="<end_of_turn>"),
+    )
+}  # fmt: skip
+
+
+def build_family_tokenizer(
+    family: Family, texts: Iterable[str], vocab_size: int = 512
+) -> PreTrainedTokenizerFast:
+    """A byte-level BPE tokenizer (as `build_tokenizer`) with the family's control tokens,
+    special-token roles and chat template."""
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=_train_bpe(texts, vocab_size, family.controls),
+        bos_token=family.bos,
+        eos_token=family.eos,
+        pad_token=family.pad,
+        additional_special_tokens=[
+            token for token in family.controls if token not in (family.bos, family.eos, family.pad)
+        ],
+    )
+    if family.added:
+        tokenizer.add_tokens(list(family.added))
+    tokenizer.chat_template = family.chat_template
+    return tokenizer
+
+
+def build_family_model(
+    family: Family,
+    tokenizer: PreTrainedTokenizerFast,
+    *,
+    hidden_size: int = 32,
+    num_layers: int = 2,
+    num_heads: int = 2,
+    max_position_embeddings: int = 512,
+    seed: int = 0,
+) -> PreTrainedModel:
+    """A random model of the family's architecture over the tokenizer's vocabulary."""
+    ids = {
+        name: tokenizer.convert_tokens_to_ids(token) if token else None
+        for name, token in (("bos", family.bos), ("eos", family.eos), ("pad", family.pad))
+    }
+    config = family.config_class(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden_size,
+        intermediate_size=4 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_heads,
+        head_dim=hidden_size // num_heads,
+        max_position_embeddings=max_position_embeddings,
+        tie_word_embeddings=True,
+        bos_token_id=ids["bos"],
+        eos_token_id=ids["eos"],
+        pad_token_id=ids["pad"],
+    )
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config)
+    stops = [ids["eos"]]
+    if family.end_of_turn is not None:
+        stops.append(tokenizer.convert_tokens_to_ids(family.end_of_turn))
+    model.generation_config.eos_token_id = stops if len(stops) > 1 else stops[0]
+    model.generation_config.pad_token_id = ids["pad"]
+    model.generation_config.bos_token_id = ids["bos"]
+    return model
+
+
+def save_family_base(directory: Path, name: str, texts: Iterable[str] | None = None) -> Family:
+    """A tiny random base of family `name` (a key of `FAMILIES`) saved in `directory`;
+    `texts` train the tokenizer's merges (default: the synthetic domain's problems)."""
+    family = FAMILIES[name]
+    tokenizer = build_family_tokenizer(
+        family, synthetic.tokenizer_texts() if texts is None else texts, vocab_size=300
+    )
+    save_base(directory, build_family_model(family, tokenizer), tokenizer)
+    return family
 
 
 def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
@@ -206,6 +357,12 @@ def _parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--num-layers", type=int, default=2)
     parser.add_argument("--num-heads", type=int, default=4)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--family",
+        choices=sorted(FAMILIES),
+        help="Instead: an untrained tiny model of a real family (architecture, special tokens, "
+        "chat template).",
+    )
     return parser.parse_args(argv)
 
 
@@ -222,6 +379,10 @@ def _corpus(text_file: Path | None) -> tuple[PreTrainedTokenizerFast, list[str]]
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
+    if args.family is not None:
+        save_family_base(args.out, args.family)
+        print(f"saved {args.out} ({args.family})")
+        return
     tokenizer, texts = _corpus(args.text_file)
     model = build_model(
         tokenizer,
