@@ -24,6 +24,7 @@ from finetune.sft import train as train_sft
 from tests.finetune.conftest import (
     TRAINING,
     answer_record,
+    label_record,
     pair_record,
     sft_record,
     write_export,
@@ -41,6 +42,10 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root,
         sft=[sft_record(p) for p in PROBLEMS],
         pairs=[pair_record(p, weight=1.0 + (i % 3)) for i, p in enumerate(PROBLEMS)],
+        labels=[
+            label_record(p, is_desirable=i % 2 == 0, weight=1.0 + (i % 3))
+            for i, p in enumerate(PROBLEMS)
+        ],
         tasks=[answer_record(p) for p in PROBLEMS[:8]],
     )
 
@@ -65,7 +70,7 @@ def mlflow_run_of(outcome: dict[str, Any]) -> Any:
     return MlflowClient().get_run(outcome["mlflow_run_id"])
 
 
-@pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("method", ["sft", "dpo", "kto", "grpo"])
 def test_a_recipe_leaves_an_adapter_and_a_complete_mlflow_run(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, export: Path, plain_base: Path, method: str
 ) -> None:
@@ -196,6 +201,8 @@ def code_task_without_tests(tmp_path: Path) -> Path:
         ("grpo", "generations", "must divide the generation batch"),
         ("grpo", "no tests", "a code task without tests"),
         ("dpo", "nothing to train on", "has no train/dpo.jsonl"),
+        ("kto", "nothing to train on", "has no train/kto.jsonl"),
+        ("kto", "batch of one", "per_device_train_batch_size"),
         ("grpo", "vllm", "asks for vllm, which is not installed"),
     ],
 )
@@ -223,6 +230,8 @@ def test_bad_input_is_one_line_before_any_training(
         extra.append("num_generations=3")
     elif case == "no tests":
         dataset = code_task_without_tests(tmp_path)
+    elif case == "batch of one":
+        extra.append("per_device_train_batch_size=1")
     elif case == "vllm":
         extra.append("use_vllm=true")
     elif case == "nothing to train on":
