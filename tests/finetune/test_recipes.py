@@ -190,6 +190,16 @@ def code_task_without_tests(tmp_path: Path) -> Path:
     return root
 
 
+# the bad-input cases that are a config override
+BAD_OVERRIDES = {
+    "unknown key": ["lora.rank=4"],
+    "impossible value": ["learning_rate=-1"],
+    "generations": ["num_generations=3"],
+    "batch of one": ["per_device_train_batch_size=1"],
+    "vllm": ["use_vllm=true"],
+}
+
+
 @pytest.mark.parametrize(
     ("method", "case", "message"),
     [
@@ -215,25 +225,16 @@ def test_bad_input_is_one_line_before_any_training(
     case: str,
     message: str,
 ) -> None:
-    dataset, base, extra = export, plain_base, list(QUICK)
+    dataset, base = export, plain_base
+    extra = [*QUICK, *BAD_OVERRIDES.get(case, [])]
     if case == "missing export":
         dataset = tmp_path / "nowhere"
     elif case == "corrupt export":
         dataset = corrupt(export, tmp_path)
     elif case == "not a model":
         base = tmp_path
-    elif case == "unknown key":
-        extra.append("lora.rank=4")
-    elif case == "impossible value":
-        extra.append("learning_rate=-1")
-    elif case == "generations":
-        extra.append("num_generations=3")
     elif case == "no tests":
         dataset = code_task_without_tests(tmp_path)
-    elif case == "batch of one":
-        extra.append("per_device_train_batch_size=1")
-    elif case == "vllm":
-        extra.append("use_vllm=true")
     elif case == "nothing to train on":
         dataset = write_export(tmp_path / "sft-only", sft=[sft_record(PROBLEMS[0])])
 
