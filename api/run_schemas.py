@@ -22,7 +22,7 @@ class RunCreate(StrictModel):
 class RunRead(BaseModel):
     id: uuid.UUID
     domain: str
-    method: str = Field(description="cycle, or a single training: sft, dpo, grpo.")
+    method: str = Field(description="cycle, or a single training: sft, dpo, kto, grpo.")
     status: RunStatus
     trigger: str | None = Field(description="What queued a cycle: api, manual or schedule.")
     steps: dict[str, Any] = Field(description="A cycle's steps: status, timings, result.")

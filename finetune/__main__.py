@@ -15,7 +15,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from finetune import dpo, grpo, sft
+from finetune import dpo, grpo, kto, sft
 from finetune.canaries import preflight_sandbox
 from finetune.config import GrpoConfig, load_config
 from finetune.data import FILES, check_tasks, open_export
@@ -27,6 +27,7 @@ from finetune.model import check_base
 RECIPES: dict[str, Callable[[Job], Outcome]] = {
     "sft": sft.train,
     "dpo": dpo.train,
+    "kto": kto.train,
     "grpo": grpo.train,
 }
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from finetune.errors import TrainingInputError
 
-Method = Literal["sft", "dpo", "grpo"]
+Method = Literal["sft", "dpo", "kto", "grpo"]
 
 
 class Strict(BaseModel):
@@ -76,6 +76,26 @@ class DpoConfig(CommonConfig):
     )
 
 
+class KtoConfig(CommonConfig):
+    """KTO learns from single completions labelled desirable or not (a thumbs up or down),
+    no pair needed. The batch's other completions estimate the KL baseline, so a batch holds
+    at least two examples."""
+
+    method: Literal["kto"] = "kto"
+    learning_rate: float = Field(5e-5, gt=0, le=1)
+    per_device_train_batch_size: int = Field(8, ge=2, description="At least 2 (the KL term).")
+    beta: float = Field(0.1, gt=0, description="Strength of the pull towards the reference.")
+    desirable_weight: float = Field(
+        1.0, gt=0, description="Loss weight of desirable completions (to balance the labels)."
+    )
+    undesirable_weight: float = Field(
+        1.0, gt=0, description="Loss weight of undesirable completions (to balance the labels)."
+    )
+    use_label_weights: bool = Field(
+        True, description="Sample labels in proportion to their weights (weight 0: never)."
+    )
+
+
 class GrpoConfig(CommonConfig):
     method: Literal["grpo"] = "grpo"
     learning_rate: float = Field(1e-5, gt=0, le=1)
@@ -101,10 +121,11 @@ class GrpoConfig(CommonConfig):
         return self
 
 
-TrainingConfig = SftConfig | DpoConfig | GrpoConfig
-CONFIGS: dict[str, type[SftConfig] | type[DpoConfig] | type[GrpoConfig]] = {
+TrainingConfig = SftConfig | DpoConfig | KtoConfig | GrpoConfig
+CONFIGS: dict[str, type[TrainingConfig]] = {
     "sft": SftConfig,
     "dpo": DpoConfig,
+    "kto": KtoConfig,
     "grpo": GrpoConfig,
 }
 
@@ -113,7 +134,7 @@ def load_config(method: str, path: Path | None, overrides: list[str]) -> Trainin
     """The method's config from a YAML file (optional) and `key=value` overrides (dotted keys
     reach nested settings: `lora.r=8`; values are read as YAML: `8`, `true`, `[q_proj]`)."""
     if method not in CONFIGS:
-        raise TrainingInputError(f"unknown method {method!r}: sft, dpo or grpo")
+        raise TrainingInputError(f"unknown method {method!r}: sft, dpo, kto or grpo")
     data: dict[str, Any] = _read_yaml(path) if path is not None else {}
     for override in overrides:
         _apply(data, override)

@@ -18,7 +18,7 @@ from datasets import Dataset, load_dataset
 from finetune.errors import TrainingInputError
 
 MANIFEST = "manifest.json"
-FILES = {"sft": "sft.jsonl", "dpo": "dpo.jsonl", "grpo": "grpo.jsonl"}
+FILES = {"sft": "sft.jsonl", "dpo": "dpo.jsonl", "kto": "kto.jsonl", "grpo": "grpo.jsonl"}
 CHUNK_BYTES = 1 << 20
 
 

@@ -12,11 +12,13 @@ checked before the model loads: an answer-only domain trains without one.
 from __future__ import annotations
 
 import logging
+from typing import Any
 
 import mlflow
 from datasets import Dataset
 from trl.trainer.grpo_config import GRPOConfig as TrlGrpoConfig
 from trl.trainer.grpo_trainer import GRPOTrainer
+from trl.trainer.utils import RepeatSampler
 
 from finetune.canaries import preflight_sandbox
 from finetune.config import GrpoConfig
@@ -31,6 +33,7 @@ from finetune.rewards import (
     canary_kinds,
     mix_canaries,
 )
+from finetune.sampling import WeightedRepeatSampler, is_curriculum, sampling_weights
 from flywheel.sandbox.rewards import CodeReward
 
 log = logging.getLogger("finetune.grpo")
@@ -47,6 +50,41 @@ class CanaryAlarm:
         log.warning("canary alarm: %s", message)
         if mlflow.active_run() is not None and self.count == 1:
             mlflow.set_tag("flywheel.canary_alarm", message[:5000])
+
+
+class WeightedGrpoTrainer(GRPOTrainer):
+    """Prompts drawn in proportion to their tasks' weights (finetune.sampling), in the
+    export's order under a curriculum, with TRL's repeat-per-generation structure kept."""
+
+    def __init__(
+        self, *args: Any, task_weights: list[float] | None, is_ordered: bool, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.task_weights, self.is_ordered = task_weights, is_ordered
+
+    def _get_train_sampler(self, dataset: Any = None) -> Any:
+        dataset = self.train_dataset if dataset is None else dataset
+        shape = {
+            "mini_repeat_count": self.num_generations,
+            "batch_size": self.args.generation_batch_size // self.num_generations,
+            "repeat_count": self.num_iterations * self.args.steps_per_generation,
+            "seed": self.args.seed,
+        }
+        if self.task_weights is None:
+            shuffle = self.shuffle_dataset and not self.is_ordered
+            return RepeatSampler(data_source=dataset, shuffle=shuffle, **shape)
+        assert len(dataset) == len(self.task_weights), "tasks and weights out of step"
+        return WeightedRepeatSampler(self.task_weights, is_ordered=self.is_ordered, **shape)
+
+
+def prompt_weights(rows: list[dict[str, Any]], where: object) -> list[float] | None:
+    """Each row's weight (1 when the export has none); a canary weighs the tasks' mean, so
+    the canaries keep the share of draws `canary_fraction` gives them."""
+    own = [row.get("weight") for row in rows if not row.get("is_canary")]
+    tasks = [1.0 if weight is None else float(weight) for weight in own]
+    mean = sum(tasks) / len(tasks) if tasks else 1.0
+    weights = [mean if row.get("is_canary") else row.get("weight") for row in rows]
+    return sampling_weights(weights, "task", where)
 
 
 def train(job: Job) -> Outcome:
@@ -83,7 +121,7 @@ def train(job: Job) -> Outcome:
     return run_training(
         job,
         export,
-        lambda callbacks: GRPOTrainer(
+        lambda callbacks: WeightedGrpoTrainer(
             model=model,
             reward_funcs=rewards,
             args=args,
@@ -91,6 +129,8 @@ def train(job: Job) -> Outcome:
             processing_class=tokenizer,
             peft_config=lora_config(config.lora),
             callbacks=callbacks,
+            task_weights=prompt_weights(rows, job.dataset),
+            is_ordered=is_curriculum(export),
         ),
         extra_metrics=canary_metrics,
         tags={"flywheel.canaries": str(len(rows) - len(tasks))},

@@ -3,10 +3,22 @@
 Loss on the assistant's tokens only (the chat template marks them; finetune.templates picks a
 training variant of a real family's template, or stops at start), optional
 packing of examples into full rows (TRL's best-fit-decreasing packing, padding-free).
+
+Item weights are used by sampling (finetune.sampling), not by a weighted loss: TRL's SFT loss
+averages over tokens across the batch, so a per-example loss weight would need its own loss
+and collator, and would still spend compute on weight-0 rows. Each epoch draws examples in
+proportion to their weights; under an `easy_first` curriculum they are read in the export's
+order. A packed row holds several examples, so with packing the weighted draw is made once,
+before packing (the packed rows hold the drawn examples, repeats included), and the packer's
+order replaces the curriculum's.
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
+from datasets import Dataset
 from trl.trainer.sft_config import SFTConfig as TrlSftConfig
 from trl.trainer.sft_trainer import SFTTrainer
 
@@ -14,14 +26,30 @@ from finetune.config import SftConfig
 from finetune.data import open_export, train_dataset
 from finetune.job import Job, Outcome, run_training, training_arguments
 from finetune.model import load_base, lora_config
+from finetune.sampling import WeightedSampling, draw_once, is_curriculum, sampling_weights
 from finetune.templates import use_training_template
+
+log = logging.getLogger("finetune.sft")
+
+
+class WeightedSftTrainer(WeightedSampling, SFTTrainer):
+    def __init__(
+        self, *args: Any, item_weights: list[float] | None, is_ordered: bool, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.sample_weights, self.is_ordered = item_weights, is_ordered
 
 
 def train(job: Job) -> Outcome:
     config = job.config
     assert isinstance(config, SftConfig)
     export = open_export(job.dataset)
-    dataset = train_dataset(export, "sft", job.out / "cache").select_columns(["messages"])
+    dataset = train_dataset(export, "sft", job.out / "cache").select_columns(["messages", "weight"])
+    weights = sampling_weights(dataset["weight"], "example", job.dataset)
+    is_ordered = is_curriculum(export)
+    if config.packing:
+        dataset, weights = _drawn_for_packing(dataset, weights, config.seed, is_ordered), None
+        is_ordered = False
     model, tokenizer = load_base(job.base, config)
     if config.assistant_only_loss:
         use_training_template(tokenizer, job.base)
@@ -35,12 +63,24 @@ def train(job: Job) -> Outcome:
     return run_training(
         job,
         export,
-        lambda callbacks: SFTTrainer(
+        lambda callbacks: WeightedSftTrainer(
             model=model,
             args=args,
             train_dataset=dataset,
             processing_class=tokenizer,
             peft_config=lora_config(config.lora),
             callbacks=callbacks,
+            item_weights=weights,
+            is_ordered=is_ordered,
         ),
     )
+
+
+def _drawn_for_packing(
+    dataset: Dataset, weights: list[float] | None, seed: int, is_ordered: bool
+) -> Dataset:
+    if is_ordered:
+        log.warning("packing reorders the examples: the export's curriculum order is not kept")
+    if weights is None:
+        return dataset
+    return dataset.select(draw_once(weights, seed))

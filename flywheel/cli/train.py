@@ -1,4 +1,4 @@
-"""`flywheel train sft|dpo|grpo --domain D`: train a LoRA adapter on a dataset version."""
+"""`flywheel train sft|dpo|kto|grpo --domain D`: train a LoRA adapter on a dataset version."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from flywheel.training.launcher import train as launch
 
 
 def train(
-    method: str = typer.Argument(..., help="sft, dpo or grpo."),
+    method: str = typer.Argument(..., help="sft, dpo, kto or grpo."),
     overrides: list[str] = typer.Argument(None, help="Config overrides: KEY=VALUE ..."),
     domain: str = typer.Option(..., "--domain", help="The domain to train."),
     dataset_version: int = typer.Option(

@@ -7,12 +7,14 @@
                          "weight"}
     {split}/kto.jsonl   {"prompt": messages, "completion": [assistant], "label": bool, "weight"}
     {split}/grpo.jsonl  {"prompt": [user task prompt], "task_id", "task_kind", "entry_point",
-                         "tests", "answer", "difficulty"}
+                         "tests", "answer", "difficulty", "weight"}
 
   GRPO hands every column but `prompt` to the reward functions as keyword lists, so `tests`
   (visible then hidden, as the verifier joins them) and `entry_point` reach
   `flywheel.sandbox.rewards.CodeReward` and never the policy. The reference solution is not
   exported: GRPO learns from the reward, and a solution column is one bug away from a prompt.
+  Every trl row's `weight` is the item's sampling weight: the recipes draw rows in proportion
+  to it (finetune.sampling).
 
 `openai` (OpenAI fine-tuning JSONL; only the fields OpenAI accepts):
 
@@ -125,6 +127,7 @@ def trl_grpo(record: TaskRecord) -> Row:
         "tests": tests,
         "answer": record.answer,
         "difficulty": record.difficulty,
+        "weight": checked_weight(record.weight, record.item_id),
     }
 
 
@@ -218,6 +221,7 @@ def full_task(record: TaskRecord) -> Row:
         "reference_solution": record.reference_solution,
         "answer": record.answer,
         "difficulty": record.difficulty,
+        "weight": checked_weight(record.weight, record.item_id),
     }
 
 

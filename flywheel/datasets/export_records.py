@@ -78,6 +78,7 @@ class TaskRecord:
     difficulty: float | None
     group_key: str
     item_id: str
+    weight: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -217,4 +217,5 @@ def _tasks(session: Session, version_id: uuid.UUID, split: str) -> Iterator[Task
             difficulty=row.difficulty,
             group_key=row.group_key,
             item_id=str(row.id),
+            weight=row.weight,
         )

@@ -17,14 +17,14 @@ ACTIVE_CYCLE = "method = 'cycle' AND status = 'running'"
 
 class Run(IdMixin, Base):
     """A run of a domain: a cycle (method 'cycle': compile, build, train, evaluate, promote,
-    its steps recorded in `steps`) or one training (sft/dpo/grpo) on one dataset version.
+    its steps recorded in `steps`) or one training (sft/dpo/kto/grpo) on one dataset version.
 
     The columns that point at a run keep the name `training_run_id` (model_versions,
     scheduled_cycles): it is also the field name of the API's, the CLI's and MLflow's records."""
 
     __tablename__ = "runs"
     __table_args__ = (
-        CheckConstraint("method IN ('sft', 'dpo', 'grpo', 'cycle')", name="method"),
+        CheckConstraint("method IN ('sft', 'dpo', 'kto', 'grpo', 'cycle')", name="method"),
         CheckConstraint(
             "status IN (" + ", ".join(f"'{status}'" for status in RUN_STATUSES) + ")",
             name="status",

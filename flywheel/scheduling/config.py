@@ -1,6 +1,6 @@
 """A domain's cycle settings: the `cycle` mapping of its config, parsed and checked.
 
-{"cycle": {"methods": ["sft", "dpo"],            # trained in order (default ["sft"])
+{"cycle": {"methods": ["sft", "dpo"],            # sft|dpo|kto|grpo, in order (default sft)
            "configs": {"sft": "sft.yaml"},        # a YAML training config per method
            "overrides": {"sft": ["max_steps=200"]},
            "recipe": {"eval_fraction": 0.2},      # dataset build recipe fields
@@ -22,7 +22,7 @@ from flywheel.datasets.service import DatasetRecipe
 from flywheel.errors import InvalidInput
 from flywheel.tenancy.models import Domain
 
-Method = Literal["sft", "dpo", "grpo"]
+Method = Literal["sft", "dpo", "kto", "grpo"]
 
 
 class EvalSettings(BaseModel):

@@ -40,7 +40,7 @@ from flywheel.registry.service import register_version
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain
 
-METHODS = ("sft", "dpo", "grpo")
+METHODS = ("sft", "dpo", "kto", "grpo")
 INTERRUPTED_EXIT = 75  # finetune's "stopped on SIGTERM, checkpointed"
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
@@ -89,7 +89,7 @@ def train(
     `succeeded`, `failed` or `cancelled` (stopped by SIGTERM — ours, or when `should_stop`,
     polled every second, says so; its checkpoints remain)."""
     if request.method not in METHODS:
-        raise InvalidInput(f"unknown training method {request.method!r}: sft, dpo or grpo")
+        raise InvalidInput(f"unknown training method {request.method!r}: sft, dpo, kto or grpo")
     if request.gpus < 1:
         raise InvalidInput(f"--gpus must be at least 1, not {request.gpus}")
     with unit_of_work(sessions) as session:

@@ -12,7 +12,13 @@ import pytest
 
 from finetune import synthetic, tiny
 from flywheel.datasets.export import export_version
-from flywheel.datasets.export_records import ItemStreams, PairRecord, SftRecord, TaskRecord
+from flywheel.datasets.export_records import (
+    ItemStreams,
+    LabelRecord,
+    PairRecord,
+    SftRecord,
+    TaskRecord,
+)
 
 # Training tests touch no database (run once, in the PostgreSQL pass), and TRL's configs and
 # trainers still use transformers' deprecated gradient-checkpointing names.
@@ -39,8 +45,18 @@ def mlflow_store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[st
         mlflow.end_run()
 
 
-def sft_record(problem: synthetic.Problem) -> SftRecord:
-    return SftRecord(synthetic.user(problem), problem.answer, 1.0, problem.prompt, _id())
+def sft_record(problem: synthetic.Problem, weight: float = 1.0) -> SftRecord:
+    return SftRecord(synthetic.user(problem), problem.answer, weight, problem.prompt, _id())
+
+
+def label_record(
+    problem: synthetic.Problem, *, is_desirable: bool = True, weight: float = 1.0
+) -> LabelRecord:
+    """The right answer labelled desirable, or the wrong one undesirable."""
+    completion = problem.answer if is_desirable else problem.wrong_answer
+    return LabelRecord(
+        synthetic.user(problem), completion, is_desirable, weight, problem.prompt, _id()
+    )
 
 
 def pair_record(problem: synthetic.Problem, weight: float = 1.0) -> PairRecord:
@@ -55,7 +71,7 @@ def pair_record(problem: synthetic.Problem, weight: float = 1.0) -> PairRecord:
     )
 
 
-def answer_record(problem: synthetic.Problem) -> TaskRecord:
+def answer_record(problem: synthetic.Problem, weight: float = 1.0) -> TaskRecord:
     return TaskRecord(
         prompt=problem.prompt,
         entry_point=None,
@@ -67,6 +83,7 @@ def answer_record(problem: synthetic.Problem) -> TaskRecord:
         difficulty=None,
         group_key=problem.prompt,
         item_id=_id(),
+        weight=weight,
     )
 
 
@@ -75,17 +92,21 @@ def write_export(
     *,
     sft: Sequence[SftRecord] = (),
     pairs: Sequence[PairRecord] = (),
+    labels: Sequence[LabelRecord] = (),
     tasks: Sequence[TaskRecord] = (),
     domain: str = "arithmetic",
+    curriculum: str = "none",
 ) -> Path:
-    """A `trl` export of the records, with a version manifest like `flywheel dataset export`."""
+    """A `trl` export of the records, with a version manifest like `flywheel dataset export`
+    (its recipe's `curriculum` says whether the rows' order is a curriculum)."""
     manifest: dict[str, Any] = {
         "dataset_version_id": str(uuid.uuid4()),
         "domain": domain,
         "version": 1,
         "manifest_sha256": uuid.uuid4().hex * 2,
+        "recipe": {"curriculum": curriculum},
     }
-    streams = {"train": ItemStreams(sft=sft, pairs=pairs, tasks=tasks)}
+    streams = {"train": ItemStreams(sft=sft, pairs=pairs, labels=labels, tasks=tasks)}
     export_version(root, "trl", streams, manifest)
     return root
 

@@ -255,3 +255,31 @@ def test_a_later_method_adapts_the_earlier_stage_merged_into_the_base(
     rival = json.loads((scored / "base.json").read_text(encoding="utf-8"))
     assert ours["model"]["base"] == str(merged)
     assert rival["model"] == {"base": str(plain_base.resolve()), "adapter": None}
+
+
+def test_a_cycle_trains_kto_on_the_versions_labels(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    plain_base: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    sessions = on_test_database
+    dataset = build_version(sessions, acme, has_labels=True)
+    configure(
+        sessions,
+        plain_base,
+        cycle={"methods": ["sft", "kto"], "overrides": {"sft": QUICK, "kto": QUICK}},
+    )
+
+    code, out, err = run_cli(capsys, "cycle", "--domain", "billing", "--json")
+
+    assert code == 0, err
+    steps = json.loads(out)["steps"]
+    assert list(steps) == ["compile", "build", "train_sft", "train_kto", "evaluate", "promote"]
+    assert steps["build"]["result"]["train"].get("label", 0) > 0
+    trained = steps["train_kto"]["result"]
+    with sessions() as session:
+        run = session.scalars(select(Run).where(Run.method == "kto")).one()
+    assert (run.status, run.dataset_version_id) == ("succeeded", dataset.id)
+    assert (Path(trained["run_dir"]) / "dataset" / "train" / "kto.jsonl").is_file()
+    assert steps["evaluate"]["result"]["version"] == trained["model_version"]

@@ -26,6 +26,7 @@ from flywheel.datasets.export_records import TaskRecord
 from tests.finetune.conftest import (
     TRAINING,
     answer_record,
+    label_record,
     pair_record,
     sft_record,
     write_export,
@@ -43,6 +44,10 @@ def export(tmp_path_factory: pytest.TempPathFactory) -> Path:
         root,
         sft=[sft_record(p) for p in PROBLEMS],
         pairs=[pair_record(p, weight=1.0 + (i % 3)) for i, p in enumerate(PROBLEMS)],
+        labels=[
+            label_record(p, is_desirable=i % 2 == 0, weight=1.0 + (i % 3))
+            for i, p in enumerate(PROBLEMS)
+        ],
         tasks=[answer_record(p) for p in PROBLEMS[:8]],
     )
 
@@ -67,7 +72,7 @@ def mlflow_run_of(outcome: dict[str, Any]) -> Any:
     return MlflowClient().get_run(outcome["mlflow_run_id"])
 
 
-@pytest.mark.parametrize("method", ["sft", "dpo", "grpo"])
+@pytest.mark.parametrize("method", ["sft", "dpo", "kto", "grpo"])
 def test_a_recipe_leaves_an_adapter_and_a_complete_mlflow_run(
     capsys: pytest.CaptureFixture[str], tmp_path: Path, export: Path, plain_base: Path, method: str
 ) -> None:
@@ -187,6 +192,16 @@ def code_task_without_tests(tmp_path: Path) -> Path:
     return root
 
 
+# the bad-input cases that are a config override
+BAD_OVERRIDES = {
+    "unknown key": ["lora.rank=4"],
+    "impossible value": ["learning_rate=-1"],
+    "generations": ["num_generations=3"],
+    "batch of one": ["per_device_train_batch_size=1"],
+    "vllm": ["use_vllm=true"],
+}
+
+
 @pytest.mark.parametrize(
     ("method", "case", "message"),
     [
@@ -198,6 +213,8 @@ def code_task_without_tests(tmp_path: Path) -> Path:
         ("grpo", "generations", "must divide the generation batch"),
         ("grpo", "no tests", "a code task without tests"),
         ("dpo", "nothing to train on", "has no train/dpo.jsonl"),
+        ("kto", "nothing to train on", "has no train/kto.jsonl"),
+        ("kto", "batch of one", "per_device_train_batch_size"),
         ("grpo", "vllm", "asks for vllm, which is not installed"),
     ],
 )
@@ -210,23 +227,16 @@ def test_bad_input_is_one_line_before_any_training(
     case: str,
     message: str,
 ) -> None:
-    dataset, base, extra = export, plain_base, list(QUICK)
+    dataset, base = export, plain_base
+    extra = [*QUICK, *BAD_OVERRIDES.get(case, [])]
     if case == "missing export":
         dataset = tmp_path / "nowhere"
     elif case == "corrupt export":
         dataset = corrupt(export, tmp_path)
     elif case == "not a model":
         base = tmp_path
-    elif case == "unknown key":
-        extra.append("lora.rank=4")
-    elif case == "impossible value":
-        extra.append("learning_rate=-1")
-    elif case == "generations":
-        extra.append("num_generations=3")
     elif case == "no tests":
         dataset = code_task_without_tests(tmp_path)
-    elif case == "vllm":
-        extra.append("use_vllm=true")
     elif case == "nothing to train on":
         dataset = write_export(tmp_path / "sft-only", sft=[sft_record(PROBLEMS[0])])
 

@@ -17,7 +17,7 @@ from finetune import synthetic
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work, utcnow
 from flywheel.models import DatasetVersion, Domain, ModelVersion, Run
-from flywheel.signals.candidates import PairCandidate, Provenance, SftCandidate
+from flywheel.signals.candidates import LabelCandidate, PairCandidate, Provenance, SftCandidate
 from flywheel.signals.store import store_candidates
 from tests.conftest import Caller, run_cli
 
@@ -30,25 +30,45 @@ pytestmark = [
 QUICK = ["max_steps=2", "per_device_train_batch_size=4", "logging_steps=1", "save_steps=1"]
 
 
-def synthetic_candidates() -> list[SftCandidate | PairCandidate]:
-    """An SFT example and a preference pair for each of 24 synthetic training problems."""
+Candidate = SftCandidate | PairCandidate | LabelCandidate
+
+
+def synthetic_candidates(*, has_labels: bool = False) -> list[Candidate]:
+    """An SFT example and a preference pair for each of 24 synthetic training problems, and
+    (`has_labels`) a completion labelled desirable (the answer) or not (a wrong one)."""
     problems = synthetic.split_problems().train[:24]
-    return [
-        SftCandidate(Provenance("task_file", p.prompt, p.prompt), synthetic.user(p), p.answer)
-        for p in problems
-    ] + [
-        PairCandidate(
-            Provenance("task_file", f"pair {p.prompt}", p.prompt),
+    labels: list[Candidate] = [
+        LabelCandidate(
+            Provenance("task_file", f"label {p.prompt}", p.prompt),
             synthetic.user(p),
-            p.answer,
-            p.wrong_answer,
+            p.answer if index % 2 else p.wrong_answer,
+            bool(index % 2),
             "synthetic",
         )
-        for p in problems
+        for index, p in enumerate(problems)
     ]
+    return (
+        [
+            SftCandidate(Provenance("task_file", p.prompt, p.prompt), synthetic.user(p), p.answer)
+            for p in problems
+        ]
+        + [
+            PairCandidate(
+                Provenance("task_file", f"pair {p.prompt}", p.prompt),
+                synthetic.user(p),
+                p.answer,
+                p.wrong_answer,
+                "synthetic",
+            )
+            for p in problems
+        ]
+        + (labels if has_labels else [])
+    )
 
 
-def build_version(sessions: sessionmaker[Session], caller: Caller) -> DatasetVersion:
+def build_version(
+    sessions: sessionmaker[Session], caller: Caller, *, has_labels: bool = False
+) -> DatasetVersion:
     with unit_of_work(sessions) as session:
         domain_id = session.scalars(
             select(Domain.id).where(Domain.tenant_id == caller.tenant_id)
@@ -57,7 +77,7 @@ def build_version(sessions: sessionmaker[Session], caller: Caller) -> DatasetVer
             session=session,
             tenant_id=caller.tenant_id,
             domain_id=domain_id,
-            candidates=synthetic_candidates(),
+            candidates=synthetic_candidates(has_labels=has_labels),
             ingestor_version="test",
         )
         built = build_dataset_version(
@@ -69,7 +89,7 @@ def build_version(sessions: sessionmaker[Session], caller: Caller) -> DatasetVer
         return built.version
 
 
-@pytest.mark.parametrize("method", ["sft", "dpo"])
+@pytest.mark.parametrize("method", ["sft", "dpo", "kto"])
 def test_train_runs_the_recipe_on_a_version_and_records_the_run(
     on_test_database: sessionmaker[Session],
     acme: Caller,
@@ -77,7 +97,7 @@ def test_train_runs_the_recipe_on_a_version_and_records_the_run(
     capsys: pytest.CaptureFixture[str],
     method: str,
 ) -> None:
-    version = build_version(on_test_database, acme)
+    version = build_version(on_test_database, acme, has_labels=method == "kto")
     version_id = version.id
 
     code, out, err = run_cli(

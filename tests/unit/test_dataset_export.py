@@ -71,6 +71,7 @@ def task(item_id: str = "t1", **overrides: Any) -> TaskRecord:
         "task_kind": "code",
         "answer": None,
         "difficulty": 0.25,
+        "weight": 1.5,
     }
     return TaskRecord(**(fields | overrides), group_key="repo-1", item_id=item_id)
 
@@ -134,6 +135,7 @@ TRL_COLUMNS = {
         "tests",
         "answer",
         "difficulty",
+        "weight",
     },
 }
 
@@ -176,6 +178,7 @@ def test_trl_rows_hold_the_records(tmp_path: Path) -> None:
     assert grpo["prompt"] == [{"role": "user", "content": task().prompt}]
     assert grpo["tests"] == f"{VISIBLE}\n\n{HIDDEN}"  # as flywheel.signals.verification joins them
     assert (grpo["task_id"], grpo["entry_point"], grpo["difficulty"]) == ("tr-t1", "add", 0.25)
+    assert grpo["weight"] == 1.5  # GRPO draws prompts by it
 
 
 def test_chat_template_splits_prompt_from_completion(
@@ -226,6 +229,7 @@ def test_jsonl_format_keeps_every_field(tmp_path: Path) -> None:
     assert row["hidden_tests"] == HIDDEN
     assert row["visible_tests"] == VISIBLE
     assert row["reference_solution"] == task().reference_solution
+    assert row["weight"] == 1.5
     assert lines(tmp_path / "export/train/pairs.jsonl")[0] | {"item_id": "p1"} == {
         "item_id": "p1", "group_key": "thread-1", "messages": PROMPT,
         "chosen": pair().chosen, "rejected": "no idea", "weight": 0.5, "why": "correction",
