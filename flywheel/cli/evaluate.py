@@ -32,5 +32,8 @@ def evaluate(
     lines = [f"{domain} v{outcome.version} {verdict} against {outcome.against}"]
     lines += [f"  {name}: {value:.4f} (vs {outcome.against_summary.get(name, float('nan')):.4f})"
               for name, value in sorted(outcome.summary.items())]  # fmt: skip
+    lines += [f"  slice {row['slice']} (n={row['n']}): {row['champion_mean']:.4f} -> "
+              f"{row['challenger_mean']:.4f}" + ("  REGRESSED" if row["regressed"] else "")
+              for row in data["slices"]]  # fmt: skip
     lines += [f"  - {reason}" for reason in outcome.decision.reasons]
     emit(data, as_json=as_json, text="\n".join(lines))

@@ -67,6 +67,7 @@ def cycle_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "after": ours,
             "gate": "passed" if gate.get("is_promotable") else "failed" if gate else "-",
             "promoted": bool(promoted.get("promoted")),
+            "slices": gate.get("slices", []),
             "seconds": sum(float(s.get("duration_s") or 0) for s in steps.values()),
         })  # fmt: skip
     return rows
@@ -101,6 +102,17 @@ def print_summary(
             row["gate"], "yes" if row["promoted"] else "no", f"{row['seconds']:.0f}",
         )  # fmt: skip
     console.print(turns)
+    slices = Table(title="Slices of each cycle's gate (before: the rival, after: the candidate)")
+    for column in ("cycle", "slice", "items", "before", "after", "tolerance", "judged",
+                   "regressed"):  # fmt: skip
+        slices.add_column(column, justify="right")
+    for number, row in ((c["cycle"], row) for c in cycle_rows(cycles) for row in c["slices"]):
+        slices.add_row(
+            str(number), row["slice"], str(row["n"]), _number(row["champion_mean"]),
+            _number(row["challenger_mean"]), _number(row["tolerance"]),
+            "yes" if row["judged"] else "no", "YES" if row["regressed"] else "no",
+        )  # fmt: skip
+    console.print(slices)
 
 
 def _version(name: object) -> str:

@@ -66,6 +66,9 @@ from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain
 
 PRIMARY_ORDER = ("pass@1", "preference_accuracy", "exact_match")
+SLICE_FIELDS = ("slice", "n", "champion_mean", "challenger_mean", "tolerance", "judged",
+                "regressed")  # fmt: skip
+"""Per slice, what an outcome shows of the gate's evidence: before (the rival) and after."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +100,10 @@ class EvalOutcome:
             "against_summary": self.against_summary,
             "is_promotable": self.decision.is_promoted,
             "reasons": self.decision.reasons,
+            "slices": [
+                {key: row[key] for key in SLICE_FIELDS}
+                for row in self.decision.evidence.get("slices", [])
+            ],
         }
 
 

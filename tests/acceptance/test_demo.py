@@ -37,6 +37,10 @@ def test_the_quick_demo_promotes_an_adapter_that_learned(tmp_path: Path) -> None
     assert promoted, cycles
     for cycle in promoted:  # the held-out metric moved, through the gate
         assert cycle["after"] > cycle["before"], cycle
+    for cycle in cycles:  # every gate judged its slices and shows them before and after
+        labels = {row["slice"] for row in cycle["slices"]}
+        assert {"skill:carry", "skill:no-carry"} <= labels, cycle
+        assert all(row["regressed"] is False for row in cycle["slices"] if cycle["promoted"])
     domains = summary["domains"]
     assert domains["arithmetic"]["champion"] == promoted[-1]["candidate"]
     assert domains["support"]["SFT examples"] > 0
@@ -46,5 +50,6 @@ def test_the_quick_demo_promotes_an_adapter_that_learned(tmp_path: Path) -> None
     report = Path(summary["report"]).read_text(encoding="utf-8")
     assert report.count("<svg") >= 2  # loss curves and held-out metrics
     assert "v1" in report
+    assert "skill:no-carry" in report  # the per-slice table
     assert (directory / ".flywheel" / "flywheel.db").is_file()  # the embedded default
     assert (directory / ".flywheel" / "mlflow.db").is_file()
