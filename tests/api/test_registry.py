@@ -87,3 +87,29 @@ def test_refusals_are_4xx_with_a_json_error_and_move_nothing(
     assert bad_body.status_code == 422
     with sessions() as session:
         assert session.scalars(select(PromotionEvent)).all() == []
+
+
+def test_a_promotion_on_a_stale_verdict_is_a_409_and_moves_nothing(
+    client: TestClient, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    caller = make_caller(sessions, scopes=SCOPES)
+    registry = MlflowRegistry(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    client.app.state.registry = registry  # type: ignore[attr-defined]
+    register(sessions, registry, caller, tmp_path, "one", PASSED)  # passed against the base
+    register(sessions, registry, caller, tmp_path, "two", PASSED)  # passed against v1
+    for version in ("1", "2"):
+        moved = client.post(
+            "/v1/models/billing/promote", json={"version": version}, headers=caller.headers
+        )
+        assert moved.status_code == 200, moved.text
+
+    back_to_one = client.post(
+        "/v1/models/billing/promote", json={"version": "1"}, headers=caller.headers
+    )
+
+    assert back_to_one.status_code == 409
+    assert back_to_one.json()["error"]["code"] == "conflict"
+    assert "stale verdict" in back_to_one.json()["error"]["message"]
+    assert registry.alias_version("acme.billing", "champion") == "2"
+    with sessions() as session:
+        assert len(session.scalars(select(PromotionEvent)).all()) == 2
