@@ -17,7 +17,7 @@ from sqlalchemy.orm import Session, sessionmaker
 from finetune import synthetic, tiny
 from finetune.canaries import eval_canaries
 from flywheel.datasets.reader import version_lineage
-from flywheel.datasets.service import DatasetRecipe, build_dataset_version
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version, latest_version
 from flywheel.db import unit_of_work
 from flywheel.evaluation.gate import Evaluation, GatePolicy, decide
 from flywheel.evaluation.service import EvalRequest, _with_canary_rule, evaluate_version
@@ -120,6 +120,8 @@ def register_leaky_version(
             config_sha256="0" * 64,
             mlflow_run_id=run_id,
             status="succeeded",
+            # its lineage: the domain's version (the zero adapter trained on none of its eval)
+            dataset_version_id=latest_version(session=session, domain_id=domain_id).id,
         )
         session.add(run)
         session.flush()
@@ -178,15 +180,19 @@ def test_a_model_that_passes_a_canary_is_refused_and_tagged(
     assert "did not pass its gate" in err
 
 
+ITEMS = [f"item-{n}" for n in range(10)]  # 10 wins of 10: p = 2^-10, past the exact test
+
+
 def evaluation(canary_pass_rate: float | None) -> Evaluation:
-    return Evaluation({"pass@1": {"a": 1.0, "b": 1.0}}, {"a": "x", "b": "x"}, canary_pass_rate)
+    scores = dict.fromkeys(ITEMS, 1.0)
+    return Evaluation({"pass@1": scores}, dict.fromkeys(ITEMS, "x"), canary_pass_rate)
 
 
 @pytest.mark.no_database
 def test_a_task_domain_whose_evaluation_ran_no_canaries_is_refused() -> None:
     policy = GatePolicy("pass@1", min_items=1, bootstrap_samples=100)
-    base = Evaluation({"pass@1": {"a": 0.0, "b": 0.0}}, {"a": "x", "b": "x"})
-    tasks = {"counts": {"tasks": 2}}
+    base = Evaluation({"pass@1": dict.fromkeys(ITEMS, 0.0)}, dict.fromkeys(ITEMS, "x"))
+    tasks = {"counts": {"tasks": 10}}
 
     required = _with_canary_rule(policy, {}, tasks)
 
