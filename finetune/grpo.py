@@ -18,6 +18,7 @@ from trl.trainer.grpo_trainer import GRPOTrainer
 
 from finetune.config import GrpoConfig
 from finetune.data import open_export, train_dataset
+from finetune.dynamic_sampling import DynamicSamplingGRPOTrainer
 from finetune.job import Job, Outcome, run_training, training_arguments
 from finetune.model import load_base, lora_config
 from finetune.rewards import CanaryMonitor, FormatReward, RewardFunc, TaskReward, mix_canaries
@@ -63,7 +64,9 @@ def train(job: Job) -> Outcome:
         beta=config.beta,
         use_vllm=config.use_vllm,
         reward_weights=weights,
+        **trl_loss_arguments(config),
     )
+    trainer_class = DynamicSamplingGRPOTrainer if config.dynamic_sampling else GRPOTrainer
 
     def canary_metrics() -> dict[str, float]:
         return {"canary_pass_rate": monitor.pass_rate, "canary_alarms": float(alarm.count)}
@@ -71,7 +74,7 @@ def train(job: Job) -> Outcome:
     return run_training(
         job,
         export,
-        lambda callbacks: GRPOTrainer(
+        lambda callbacks: trainer_class(
             model=model,
             reward_funcs=rewards,
             args=args,
@@ -83,3 +86,17 @@ def train(job: Job) -> Outcome:
         extra_metrics=canary_metrics,
         tags={"flywheel.canaries": str(len(rows) - len(tasks))},
     )
+
+
+def trl_loss_arguments(config: GrpoConfig) -> dict[str, object]:
+    """Our GRPO knobs that are TRL `GRPOConfig` fields of the same name, passed unchanged."""
+    return {
+        "loss_type": config.loss_type,
+        "epsilon": config.epsilon,
+        "epsilon_high": config.epsilon_high,
+        "num_iterations": config.num_iterations,
+        "steps_per_generation": config.steps_per_generation,
+        "scale_rewards": config.scale_rewards,
+        "mask_truncated_completions": config.mask_truncated_completions,
+        "vllm_mode": config.vllm_mode,
+    }
