@@ -61,6 +61,8 @@ COLUMNS = [
     ("sft_reward", "SFT reward"),
     ("grpo_reward", "GRPO reward"),
     ("grpo_disabled_reward", "GRPO off"),
+    ("sft_broad_em", "SFT broad"),
+    ("grpo_broad_em", "GRPO broad"),
     ("train_reward_first", "train r0"),
     ("train_reward_last", "train rN"),
     ("filtered_share", "filtered"),
@@ -72,6 +74,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--seeds", type=int, nargs="+", default=list(chain.SEEDS))
     parser.add_argument("--phases", default="sft,dpo,grpo", help="grpo needs sft")
     parser.add_argument("--grpo", nargs="*", default=[], help="extra GRPO overrides")
+    parser.add_argument(
+        "--grpo-broad-every", type=int, default=chain.GRPO_BROAD_EVERY, help="0: carries only"
+    )
     parser.add_argument("--cache", type=Path, default=None, help="reuse bases and SFT adapters")
     return parser.parse_args()
 
@@ -101,11 +106,15 @@ def run_seed(seed: int, args: argparse.Namespace, scratch: Path) -> dict[str, fl
         found |= timed("dpo", wall, lambda: chain.run_dpo(base, scratch / f"dpo-{seed}", seed))
     if "grpo" in phases:
         root = scratch / f"grpo-{seed}"
-        found |= timed("grpo", wall, lambda: chain.run_grpo(base, adapter, root, seed, args.grpo))
+        found |= timed("grpo", wall, lambda: grpo(base, adapter, root, seed, args))
     found |= {f"wall_{key}_s": value for key, value in wall.items()}
     found["wall_s"] = sum(wall.values())
     print(f"seed {seed}: " + ", ".join(f"{k} {v:.3f}" for k, v in found.items()), flush=True)
     return found
+
+
+def grpo(base: Path, adapter: Path, root: Path, seed: int, args: argparse.Namespace) -> Any:
+    return chain.run_grpo(base, adapter, root, seed, args.grpo, broad_every=args.grpo_broad_every)
 
 
 def print_table(rows: dict[int, dict[str, float]]) -> None:
@@ -161,8 +170,11 @@ def main() -> None:
     datasets.disable_progress_bars()
     transformers.utils.logging.set_verbosity_error()
     print(f"seeds {args.seeds}; GRPO overrides {chain.grpo_overrides(0)[6:]}")
-    if args.grpo:
-        print(f"EXPERIMENT, not the test's settings: extra GRPO overrides {args.grpo}")
+    if args.grpo or args.grpo_broad_every != chain.GRPO_BROAD_EVERY:
+        print(
+            f"EXPERIMENT, not the test's settings: GRPO overrides {args.grpo} on top, "
+            f"GRPO on the carries and every {args.grpo_broad_every}th broad problem"
+        )
     rows: dict[int, dict[str, float]] = {}
     start = time.perf_counter()
     with tempfile.TemporaryDirectory() as scratch:

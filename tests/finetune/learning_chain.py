@@ -48,6 +48,9 @@ def dpo_overrides(seed: int) -> list[str]:
 
 
 GRPO_STEPS = 100
+GRPO_BROAD_EVERY = 1
+"""GRPO's tasks: every train problem that carries (the skill the held-out problems test) and
+every Nth of the broad ones (1: the whole train split; 0: carries only)."""
 
 
 def grpo_overrides(seed: int) -> list[str]:
@@ -82,7 +85,10 @@ def chosen_seed() -> tuple[int, str]:
     """The seed of this run and why: FLYWHEEL_LEARNING_SEED if set, else the current git commit
     (its hash mod the table's seeds), else seed 0 with a note."""
     if (value := os.environ.get(SEED_VARIABLE)) is not None:
-        seed = int(value)
+        try:
+            seed = int(value)
+        except ValueError:
+            raise ValueError(f"{SEED_VARIABLE} must be an integer, not {value!r}") from None
         note = "" if seed in SEEDS else f" (not one of the calibrated seeds {SEEDS})"
         return seed, f"from {SEED_VARIABLE}={value}{note}"
     commit = _git_head()
@@ -171,26 +177,40 @@ def run_dpo(base: Path, root: Path, seed: int) -> dict[str, float]:
     return {"dpo_accuracy": accuracy, "dpo_disabled_accuracy": disabled}
 
 
+def grpo_problems(broad_every: int) -> list[synthetic.Problem]:
+    train = synthetic.split_problems().train
+    broad = [p for p in train if not p.carries][::broad_every] if broad_every else []
+    return [p for p in train if p.carries] + broad
+
+
 def run_grpo(
-    base: Path, sft_adapter: Path, root: Path, seed: int, extra: list[str] | None = None
+    base: Path,
+    sft_adapter: Path,
+    root: Path,
+    seed: int,
+    extra: list[str] | None = None,
+    broad_every: int = GRPO_BROAD_EVERY,
 ) -> dict[str, float]:
     """GRPO on the SFT model (its adapter merged, a fresh adapter trained) on every train task:
     held-out greedy exact match and sampled reward before and after, and with the adapter off.
-    `extra` overrides are for calibration experiments only; the test passes none."""
+    `extra` and `broad_every` are for calibration experiments only; the test passes neither."""
     tokenizer = AutoTokenizer.from_pretrained(base)
     held_out = held_out_tasks()
     merged = adapted(base, sft_adapter).merge_and_unload()
     tiny.save_base(root / "sft-base", merged, tokenizer)
     before_reward = synthetic.sampled_reward(merged, tokenizer, held_out, seed=seed)
     before_em = synthetic.exact_match(merged, tokenizer, held_out)
-    train = synthetic.split_problems().train
-    export = write_export(root / "export", tasks=[answer_record(p) for p in train])
+    broad = [synthetic.answer_task(p) for p in synthetic.split_problems().broad[::5]]
+    before_broad = synthetic.exact_match(merged, tokenizer, broad)
+    records = [answer_record(p) for p in grpo_problems(broad_every)]
+    export = write_export(root / "export", tasks=records)
     config = load_config("grpo", None, [*grpo_overrides(seed), *(extra or [])])
     outcome = grpo.train(Job("grpo", config, export, root / "sft-base", root / "job"))
     assert outcome.adapter_dir is not None
     model = adapted(root / "sft-base", outcome.adapter_dir)
     after_reward = synthetic.sampled_reward(model, tokenizer, held_out, seed=seed)
     after_em = synthetic.exact_match(model, tokenizer, held_out)
+    after_broad = synthetic.exact_match(model, tokenizer, broad)
     with model.disable_adapter():
         disabled_reward = synthetic.sampled_reward(model, tokenizer, held_out, seed=seed)
     return {
@@ -199,6 +219,8 @@ def run_grpo(
         "sft_reward": before_reward,
         "grpo_reward": after_reward,
         "grpo_disabled_reward": disabled_reward,
+        "sft_broad_em": before_broad,  # forgetting: the no-carry sums (not asserted)
+        "grpo_broad_em": after_broad,
         **training_curve(outcome.mlflow_run_id),
     }
 
