@@ -40,7 +40,8 @@ import transformers  # noqa: E402
 from tests.finetune import learning_chain as chain  # noqa: E402 - needs the repository root
 
 # (threshold field, metric, direction): "min" -> metric >= threshold, "max" -> metric < threshold,
-# "lift" -> metric - baseline >= threshold, "near" -> |metric - baseline| <= threshold
+# "lift" -> metric - baseline >= threshold, "near" -> |metric - baseline| <= threshold,
+# "fall" -> baseline - metric <= threshold
 CHECKS: list[tuple[str, str, str, str | None]] = [
     ("base_em_max", "base_em", "max", None),
     ("sft_em_min", "sft_em", "min", None),
@@ -49,6 +50,7 @@ CHECKS: list[tuple[str, str, str, str | None]] = [
     ("grpo_em_lift_min", "grpo_greedy_em", "lift", "sft_greedy_em"),
     ("grpo_reward_lift_min", "grpo_reward", "lift", "sft_reward"),
     ("disabled_reward_tolerance", "grpo_disabled_reward", "near", "sft_reward"),
+    ("grpo_broad_em_fall_max", "grpo_broad_em", "fall", "sft_broad_em"),
 ]
 COLUMNS = [
     ("base_em", "base EM"),
@@ -150,6 +152,8 @@ def _observed(row: dict[str, float], metric: str, kind: str, baseline: str | Non
         return row[metric] - row[str(baseline)]
     if kind == "near":
         return abs(row[metric] - row[str(baseline)])
+    if kind == "fall":
+        return row[str(baseline)] - row[metric]
     return row[metric]
 
 
@@ -157,7 +161,7 @@ def _clearance(
     row: dict[str, float], metric: str, kind: str, baseline: str | None, limit: float
 ) -> float:
     observed = _observed(row, metric, kind, baseline)
-    return limit - observed if kind in ("max", "near") else observed - limit
+    return limit - observed if kind in ("max", "near", "fall") else observed - limit
 
 
 def _cell(value: float | None, digits: int = 3) -> str:
