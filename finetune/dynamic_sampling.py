@@ -9,8 +9,9 @@ training most groups are like that on the problems the model already solves.
 DAPO over-samples until a batch is full of informative groups; here the generated batch is kept
 and the zero-signal groups are masked out of it instead (their `completion_mask` zeroed, as
 TRL's `mask_truncated_completions` does, and `num_items_in_batch` recounted), so the loss is the
-mean over informative tokens only. Under the per-sequence losses ('grpo', 'sapo') a masked
-completion still counts in the batch mean; there the filter changes nothing but the metric.
+mean over informative tokens only. The per-sequence losses ('grpo', 'sapo') and 'dr_grpo' (a
+constant normaliser) count no tokens in their denominator: there a masked group changes the
+loss only through the KL term (beta > 0), and the filter is mostly the metric.
 
 The filtered share of groups is logged each generation as `dynamic_sampling/filtered_share`.
 """

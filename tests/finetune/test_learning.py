@@ -8,9 +8,10 @@ two-digit addition — the sums without a carry — so it knows the format but n
 - SFT lifts held-out exact match far above the base's; with the adapter disabled it falls back;
 - DPO (the reference is the same model with the adapter off) makes held-out preference
   accuracy clearly better than chance; with the adapter off every margin is exactly 0;
-- GRPO on the SFT model (its adapter merged, a fresh adapter trained) lifts the held-out
-  GREEDY exact match over the SFT model's, the metric the gate scores, and the sampled reward
-  with it; with its adapter off the model is back to the SFT model's reward.
+- GRPO on the SFT model (its adapter merged, a fresh adapter trained), on the train carries and
+  every second broad sum, lifts the held-out GREEDY exact match over the SFT model's (the
+  metric the gate scores) and the sampled reward with it, without forgetting the broad sums;
+  with its adapter off the model is back to the SFT model's reward.
 
 Each check fails if the LoRA weights are not applied. Settings, thresholds and the steps
 themselves live in `tests/finetune/learning_chain.py`; `bench/calibrate_learning.py` runs that
