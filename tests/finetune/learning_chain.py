@@ -67,17 +67,20 @@ def grpo_overrides(seed: int) -> list[str]:
 
 @dataclass(frozen=True)
 class Thresholds:
-    """What the test asserts, each below the worst seed of the calibration table with a margin
-    (bench/calibrate_learning.py prints the table, the worst seed and each margin)."""
+    """What the test asserts, each below the worst seed of the calibration table with a margin.
 
-    base_em_max: float = 0.05  # the base has never written a carry
-    sft_em_min: float = 0.3  # SFT lifts held-out exact match
-    disabled_em_tolerance: float = 0.02  # SFT adapter off: back to the base
-    dpo_accuracy_min: float = 0.8  # held-out preference accuracy
-    grpo_em_lift_min: float = 0.03  # GRPO greedy EM - SFT greedy EM
-    grpo_reward_lift_min: float = 0.04  # GRPO sampled reward - SFT sampled reward
-    disabled_reward_tolerance: float = 0.02  # GRPO adapter off: back to the SFT model
-    grpo_broad_em_fall_max: float = 0.1  # forgetting: broad EM may fall at most this much
+    Calibrated with `OMP_NUM_THREADS=1 python -m bench.calibrate_learning --seeds 0 1 2 3 4`
+    (2026-12-01, 2-core box under load); worst seed and margin in the comments.
+    """
+
+    base_em_max: float = 0.05  # the base has never written a carry; worst 0.014 (seed 2), +0.036
+    sft_em_min: float = 0.25  # SFT lifts held-out EM; worst 0.347 (seed 2), +0.097
+    disabled_em_tolerance: float = 0.02  # SFT adapter off == base; worst 0.000, +0.020
+    dpo_accuracy_min: float = 0.85  # held-out preference accuracy; worst 0.952 (seed 0), +0.102
+    grpo_em_lift_min: float = 0.04  # GRPO - SFT held-out GREEDY EM; worst +0.084 (seed 4), +0.044
+    grpo_reward_lift_min: float = 0.06  # GRPO - SFT sampled reward; worst +0.118 (seed 3), +0.058
+    disabled_reward_tolerance: float = 0.02  # GRPO adapter off == SFT; worst 0.000, +0.020
+    grpo_broad_em_fall_max: float = 0.12  # forgetting of broad sums; worst 0.068 (seed 0), +0.052
 
 
 THRESHOLDS = Thresholds()
