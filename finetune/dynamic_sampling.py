@@ -14,6 +14,11 @@ constant normaliser) count no tokens in their denominator: there a masked group 
 loss only through the KL term (beta > 0), and the filter is mostly the metric.
 
 The filtered share of groups is logged each generation as `dynamic_sampling/filtered_share`.
+
+Measured on the learning tests' chain (bench/calibrate_learning.py, seeds 0-4, GRPO 200 steps,
+'dapo' loss, ~20-31% of groups filtered): the held-out greedy exact match rose by 0.122, 0.146,
+0.162, 0.093, 0.084 with the filter and by 0.103, 0.140, 0.106, 0.100, 0.071 without (mean
++0.121 against +0.104), hence on by default (`GrpoConfig.dynamic_sampling`).
 """
 
 from __future__ import annotations
