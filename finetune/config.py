@@ -96,28 +96,94 @@ class KtoConfig(CommonConfig):
     )
 
 
+GrpoLoss = Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo"]
+
+
 class GrpoConfig(CommonConfig):
+    """GRPO. The loss, clipping, reuse and scaling knobs are TRL's `GRPOConfig` fields of the
+    same names, passed through unchanged; `dynamic_sampling` is ours (finetune.dynamic_sampling)."""
+
     method: Literal["grpo"] = "grpo"
     learning_rate: float = Field(1e-5, gt=0, le=1)
     num_generations: int = Field(4, ge=2, description="Completions per prompt (the group).")
     max_completion_length: int = Field(256, ge=1)
     temperature: float = Field(1.0, gt=0)
     beta: float = Field(0.0, ge=0, description="KL coefficient (0: no reference model).")
+    loss_type: GrpoLoss = Field(
+        "dapo",
+        description="How token losses are aggregated: 'dapo' (tokens of the whole generation "
+        "batch, no length bias), 'grpo' (per-sequence mean), 'dr_grpo' (a constant), 'bnpo' "
+        "(tokens of the local batch), 'cispo' or 'sapo' (their own clipping).",
+    )
+    epsilon: float = Field(0.2, gt=0, lt=1, description="Lower clip of the ratio: 1 - epsilon.")
+    epsilon_high: float | None = Field(
+        None,
+        gt=0,
+        description="Upper clip of the ratio, 1 + epsilon_high (DAPO's clip-higher, e.g. 0.28); "
+        "None: epsilon. Under 'cispo' it is the cap of the ratio itself.",
+    )
+    num_iterations: int = Field(
+        1, ge=1, description="Optimisation passes over each generated batch (mu in the paper)."
+    )
+    steps_per_generation: int | None = Field(
+        None,
+        ge=1,
+        description="Optimizer micro-steps each generation feeds (a generation batch is this "
+        "many per-device batches); None: gradient_accumulation_steps.",
+    )
+    scale_rewards: Literal["group", "batch", "none"] = Field(
+        "group",
+        description="Advantages divided by the group's reward std, the batch's, or not at all "
+        "(Dr. GRPO: no question-difficulty bias).",
+    )
+    mask_truncated_completions: bool = Field(
+        False, description="Leave completions cut off at max_completion_length out of the loss."
+    )
+    dynamic_sampling: bool = Field(
+        True,
+        description="Leave groups whose rewards are all equal (no learning signal) out of the "
+        "loss, so they do not dilute it; their share is logged as "
+        "dynamic_sampling/filtered_share.",
+    )
     code_reward: Literal["fraction", "all_or_nothing"] = "fraction"
     format_reward_weight: float = Field(0.0, ge=0, description="0: no format reward.")
     canary_fraction: float = Field(
         0.02, ge=0, lt=0.5, description="Share of impossible tasks mixed in (reward hacking)."
     )
     use_vllm: bool = Field(False, description="Generate with vLLM, when installed.")
+    vllm_mode: Literal["colocate", "server"] = Field(
+        "colocate",
+        description="With use_vllm: 'colocate' (vLLM in the training process, sharing its GPU) "
+        "or 'server' (a separate `trl vllm-serve` process).",
+    )
 
     @model_validator(mode="after")
     def _generations_divide_the_batch(self) -> Self:
-        batch = self.per_device_train_batch_size * self.gradient_accumulation_steps
+        steps = self.steps_per_generation or self.gradient_accumulation_steps
+        batch = self.per_device_train_batch_size * steps
         if batch % self.num_generations:
             raise ValueError(
                 f"num_generations ({self.num_generations}) must divide the generation batch "
-                f"per_device_train_batch_size x gradient_accumulation_steps ({batch})"
+                f"per_device_train_batch_size x steps_per_generation ({batch})"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _clip_range(self) -> Self:
+        if self.loss_type == "cispo":
+            if self.epsilon_high is None:
+                raise ValueError("loss_type 'cispo' needs epsilon_high (its ratio cap, e.g. 5.0)")
+        elif self.epsilon_high is not None and self.epsilon_high < self.epsilon:
+            raise ValueError(
+                f"epsilon_high ({self.epsilon_high}) must be at least epsilon ({self.epsilon}): "
+                "clip-higher widens the upper bound"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _vllm_mode_needs_vllm(self) -> Self:
+        if self.vllm_mode != "colocate" and not self.use_vllm:
+            raise ValueError(f"vllm_mode {self.vllm_mode!r} needs use_vllm=true")
         return self
 
 

@@ -23,6 +23,7 @@ from trl.trainer.utils import RepeatSampler
 from finetune.canaries import preflight_sandbox
 from finetune.config import GrpoConfig
 from finetune.data import open_export, train_dataset
+from finetune.dynamic_sampling import DynamicSamplingGRPOTrainer
 from finetune.job import Job, Outcome, run_training, training_arguments
 from finetune.model import load_base, lora_config
 from finetune.rewards import (
@@ -77,6 +78,10 @@ class WeightedGrpoTrainer(GRPOTrainer):
         return WeightedRepeatSampler(self.task_weights, is_ordered=self.is_ordered, **shape)
 
 
+class WeightedDynamicSamplingTrainer(WeightedGrpoTrainer, DynamicSamplingGRPOTrainer):
+    """Weighted prompts (the sampler) and zero-signal groups masked (generate-and-score)."""
+
+
 def prompt_weights(rows: list[dict[str, Any]], where: object) -> list[float] | None:
     """Each row's weight (1 when the export has none); a canary weighs the tasks' mean, so
     the canaries keep the share of draws `canary_fraction` gives them."""
@@ -113,6 +118,10 @@ def train(job: Job) -> Outcome:
         beta=config.beta,
         use_vllm=config.use_vllm,
         reward_weights=weights,
+        **trl_loss_arguments(config),
+    )
+    trainer_class = (
+        WeightedDynamicSamplingTrainer if config.dynamic_sampling else WeightedGrpoTrainer
     )
 
     def canary_metrics() -> dict[str, float]:
@@ -121,7 +130,7 @@ def train(job: Job) -> Outcome:
     return run_training(
         job,
         export,
-        lambda callbacks: WeightedGrpoTrainer(
+        lambda callbacks: trainer_class(
             model=model,
             reward_funcs=rewards,
             args=args,
@@ -135,3 +144,17 @@ def train(job: Job) -> Outcome:
         extra_metrics=canary_metrics,
         tags={"flywheel.canaries": str(len(rows) - len(tasks))},
     )
+
+
+def trl_loss_arguments(config: GrpoConfig) -> dict[str, object]:
+    """Our GRPO knobs that are TRL `GRPOConfig` fields of the same name, passed unchanged."""
+    return {
+        "loss_type": config.loss_type,
+        "epsilon": config.epsilon,
+        "epsilon_high": config.epsilon_high,
+        "num_iterations": config.num_iterations,
+        "steps_per_generation": config.steps_per_generation,
+        "scale_rewards": config.scale_rewards,
+        "mask_truncated_completions": config.mask_truncated_completions,
+        "vllm_mode": config.vllm_mode,
+    }

@@ -20,6 +20,7 @@ from finetune import synthetic
 from finetune.__main__ import main
 from finetune.checkpoint import MANIFEST, StopOnSignal, is_complete, latest_complete
 from finetune.config import load_config
+from finetune.dynamic_sampling import FILTERED_SHARE
 from finetune.job import INTERRUPTED_EXIT, Job
 from finetune.sft import train as train_sft
 from flywheel.datasets.export_records import TaskRecord
@@ -112,6 +113,12 @@ def test_a_recipe_leaves_an_adapter_and_a_complete_mlflow_run(
     if method == "grpo":
         assert tags["flywheel.canaries"] == "2"
         assert MlflowClient().get_metric_history(found.info.run_id, "canary_pass_rate")
+        # an untrained model gets every reward 0: every group is zero-signal and filtered
+        shares = MlflowClient().get_metric_history(
+            found.info.run_id, FILTERED_SHARE.replace("/", "_")
+        )
+        assert shares
+        assert all(m.value == 1.0 for m in shares)
         assert "flywheel.canary_alarm" not in tags  # a tiny model does not hack its verifier
 
 
