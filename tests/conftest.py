@@ -44,6 +44,14 @@ POSTGRES_ADMIN_URL = os.environ.get(
 )
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """The learning tests' seed, chosen from the commit: printed at the top of every run."""
+    from tests.finetune.learning_seed import chosen_seed
+
+    seed, why = chosen_seed()
+    return f"learning-test seed: {seed} ({why})"
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """On SQLite, leave out (deselect, not skip) what only PostgreSQL can show, what never
     touches the test database (training, pure functions, the quickstart's own embedded

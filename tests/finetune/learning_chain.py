@@ -8,8 +8,6 @@ written by the real exporter, exactly as the test does, and returns what it meas
 
 from __future__ import annotations
 
-import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,10 +21,9 @@ from finetune.config import load_config
 from finetune.dynamic_sampling import FILTERED_SHARE
 from finetune.job import Job
 from tests.finetune.conftest import answer_record, pair_record, sft_record, write_export
+from tests.finetune.learning_seed import SEED_VARIABLE, SEEDS, chosen_seed
 
-SEEDS = (0, 1, 2, 3, 4)
-"""The calibration table's seeds (bench/calibrate_learning.py --seeds 0 1 2 3 4)."""
-SEED_VARIABLE = "FLYWHEEL_LEARNING_SEED"
+__all__ = ["SEEDS", "SEED_VARIABLE", "chosen_seed"]  # re-exported: the seed is chosen there
 
 PRETRAIN = {"steps": 800, "learning_rate": 4e-3, "batch_size": 64}
 
@@ -85,46 +82,6 @@ class Thresholds:
 
 THRESHOLDS = Thresholds()
 FILTERED_METRIC = FILTERED_SHARE.replace("/", "_")  # as finetune.tracking logs it
-
-
-# --- which seed a CI run uses --------------------------------------------------------------
-
-
-def chosen_seed() -> tuple[int, str]:
-    """The seed of this run and why: FLYWHEEL_LEARNING_SEED if set, else the current git commit
-    (its hash mod the table's seeds), else seed 0 with a note."""
-    if (value := os.environ.get(SEED_VARIABLE)) is not None:
-        try:
-            seed = int(value)
-        except ValueError:
-            raise ValueError(f"{SEED_VARIABLE} must be an integer, not {value!r}") from None
-        note = "" if seed in SEEDS else f" (not one of the calibrated seeds {SEEDS})"
-        return seed, f"from {SEED_VARIABLE}={value}{note}"
-    commit = _git_head()
-    if commit is None:
-        return SEEDS[0], f"seed {SEEDS[0]}: git unavailable, so no commit to choose a seed from"
-    seed = SEEDS[int(commit, 16) % len(SEEDS)]
-    return seed, f"from commit {commit[:12]} (hash mod {len(SEEDS)} seeds {SEEDS})"
-
-
-def _git_head() -> str | None:
-    try:
-        result = subprocess.run(
-            ["git", "rev-parse", "HEAD"],
-            cwd=Path(__file__).resolve().parent,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    commit = result.stdout.strip()
-    try:
-        int(commit, 16)
-    except ValueError:
-        return None
-    return commit if result.returncode == 0 else None
 
 
 # --- the chain -----------------------------------------------------------------------------
