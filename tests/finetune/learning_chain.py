@@ -67,17 +67,18 @@ class Thresholds:
     """What the test asserts, each below the worst seed of the calibration table with a margin.
 
     Calibrated with `OMP_NUM_THREADS=1 python -m bench.calibrate_learning --seeds 0 1 2 3 4`
-    (2026-12-01, 2-core box under load); worst seed and margin in the comments.
+    (2026-12-01, a 2-core box, on main after the weighted samplers, kind-matched canaries and
+    dynamic sampling met: 448 s in all); worst seed and margin in the comments.
     """
 
     base_em_max: float = 0.05  # the base has never written a carry; worst 0.014 (seed 2), +0.036
     sft_em_min: float = 0.25  # SFT lifts held-out EM; worst 0.347 (seed 2), +0.097
     disabled_em_tolerance: float = 0.02  # SFT adapter off == base; worst 0.000, +0.020
-    dpo_accuracy_min: float = 0.85  # held-out preference accuracy; worst 0.952 (seed 0), +0.102
-    grpo_em_lift_min: float = 0.04  # GRPO - SFT held-out GREEDY EM; worst +0.084 (seed 4), +0.044
-    grpo_reward_lift_min: float = 0.06  # GRPO - SFT sampled reward; worst +0.118 (seed 3), +0.058
+    dpo_accuracy_min: float = 0.8  # held-out preference accuracy; worst 0.894 (seed 1), +0.094
+    grpo_em_lift_min: float = 0.04  # GRPO - SFT held-out GREEDY EM; worst +0.100 (seed 3), +0.060
+    grpo_reward_lift_min: float = 0.06  # GRPO - SFT sampled reward; worst +0.121 (seed 3), +0.061
     disabled_reward_tolerance: float = 0.02  # GRPO adapter off == SFT; worst 0.000, +0.020
-    grpo_broad_em_fall_max: float = 0.12  # forgetting of broad sums; worst 0.068 (seed 0), +0.052
+    grpo_broad_em_fall_max: float = 0.12  # forgetting of broad sums; worst 0.079 (seed 0), +0.041
 
 
 THRESHOLDS = Thresholds()
