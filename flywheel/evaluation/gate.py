@@ -68,20 +68,18 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias
-
-import numpy as np
-import numpy.typing as npt
+from typing import Any
 
 from flywheel.errors import InvalidInput
-
-ItemScores: TypeAlias = Mapping[str, float]
-"""One metric's scores: eval item id -> score in [0, 1] (pass@1 0/1, exact match 0/1, ...)."""
-
-Floats: TypeAlias = npt.NDArray[np.float64]
-
-_DRAWS_PER_CHUNK = 1 << 22
-"""Resampled indices drawn at once (32 MiB of int64): memory stays flat for large eval sets."""
+from flywheel.evaluation.paired import (
+    Interval,
+    ItemScores,
+    SignTest,
+    bootstrap,
+    drop_test,
+    paired_diffs,
+    sign_test,
+)
 
 _ROUNDING = 1e-12
 """Slack on the secondary tolerance, so a drop of exactly the tolerance is not refused for a
@@ -191,22 +189,6 @@ def _is_share(value: object) -> bool:
 
 
 @dataclass(frozen=True)
-class Interval:
-    """A paired bootstrap percentile interval of the mean difference (challenger - champion)."""
-
-    mean_diff: float
-    """The observed mean of the per-item differences."""
-    low: float
-    high: float
-    n: int
-    """Items compared."""
-    confidence: float
-
-    def as_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
-
-
-@dataclass(frozen=True)
 class GateDecision:
     is_promoted: bool
     reasons: list[str]
@@ -215,31 +197,13 @@ class GateDecision:
     """JSON-ready: intervals, means, slices, canaries, item count, policy and seed."""
 
 
-def paired_bootstrap(
-    challenger: ItemScores,
-    champion: ItemScores,
-    *,
-    samples: int = 10_000,
-    confidence: float = 0.95,
-    seed: int = 0,
-) -> Interval:
-    """The percentile interval of mean(challenger - champion) over the items both scored.
-
-    Both must have scored exactly the same items (see the module docstring); otherwise, or
-    when there are none, `InvalidInput`. Items are paired by id, in sorted id order, so the
-    result does not depend on the mappings' order.
-    """
-    diffs = _paired_diffs(challenger, champion, "the primary metric")
-    return _bootstrap(diffs, samples=samples, confidence=confidence, seed=seed)
-
-
 def decide(challenger: Evaluation, champion: Evaluation, policy: GatePolicy) -> GateDecision:
     """Whether `challenger` replaces `champion` (the base model's evaluation for a domain's
     first adapter), with the reasons against and the evidence to store and audit."""
     _require_metrics(challenger, champion, policy)
     primary = policy.primary_metric
-    diffs = _paired_diffs(challenger.metrics[primary], champion.metrics[primary], primary)
-    interval = _bootstrap(
+    diffs = paired_diffs(challenger.metrics[primary], champion.metrics[primary], primary)
+    interval = bootstrap(
         diffs, samples=policy.bootstrap_samples, confidence=policy.confidence, seed=policy.seed
     )
     is_binary = _is_binary(challenger.metrics[primary], champion.metrics[primary])
@@ -280,92 +244,6 @@ def _require_metrics(challenger: Evaluation, champion: Evaluation, policy: GateP
                 raise InvalidInput(f"the {side}'s evaluation has no {metric} scores")
 
 
-def _paired_diffs(challenger: ItemScores, champion: ItemScores, metric: str) -> Floats:
-    """challenger - champion per item, in sorted item id order."""
-    if challenger.keys() != champion.keys():
-        only_challenger = sorted(challenger.keys() - champion.keys())[:5]
-        only_champion = sorted(champion.keys() - challenger.keys())[:5]
-        raise InvalidInput(
-            f"the gate compares models on the same items, but on {metric} only the challenger "
-            f"scored {only_challenger} and only the champion scored {only_champion} (first 5)"
-        )
-    if not challenger:
-        raise InvalidInput(f"no items were scored on {metric}")
-    ids = sorted(challenger)
-    return np.array([challenger[i] - champion[i] for i in ids], dtype=np.float64)
-
-
-def _bootstrap(diffs: Floats, *, samples: int, confidence: float, seed: int) -> Interval:
-    """Percentile interval of the mean of `diffs`, resampled with replacement `samples` times,
-    in chunks so that memory stays flat whatever the number of items."""
-    if not 0 < confidence < 1 or samples < 1:
-        raise InvalidInput("the bootstrap needs a confidence in (0, 1) and at least 1 sample")
-    n = len(diffs)
-    if n == 0:
-        raise InvalidInput("the bootstrap needs at least 1 item")
-    rng = np.random.default_rng(seed)
-    rows = max(1, _DRAWS_PER_CHUNK // n)
-    means = np.empty(samples, dtype=np.float64)
-    for start in range(0, samples, rows):
-        stop = min(samples, start + rows)
-        indices = rng.integers(0, n, size=(stop - start, n))
-        means[start:stop] = diffs[indices].mean(axis=1)
-    alpha = 1 - confidence
-    low, high = np.quantile(means, [alpha / 2, 1 - alpha / 2])
-    return Interval(
-        mean_diff=float(diffs.mean()),
-        low=float(low),
-        high=float(high),
-        n=n,
-        confidence=confidence,
-    )
-
-
-@dataclass(frozen=True)
-class SignTest:
-    """The exact one-sided paired test of a binary metric on its discordant items."""
-
-    wins: int
-    """Items only the challenger passed."""
-    losses: int
-    """Items only the champion passed."""
-    p_value: float
-    """P(X >= wins), X ~ Binomial(wins + losses, 1/2) — for a slice's drop test P(X >= losses):
-    1 when there are no discordant items."""
-
-    def as_dict(self, level: float) -> dict[str, Any]:
-        return dataclasses.asdict(self) | {"level": level, "passed": self.p_value <= level}
-
-
-def sign_test(diffs: Floats) -> SignTest:
-    """Exact McNemar (the sign test on discordant pairs) for per-item differences in
-    {-1, 0, 1}: how likely this many wins, or more, would be if the two models were equal.
-
-    >>> sign_test(np.array([1.0, 1.0, 1.0, 1.0] + [0.0] * 26)).p_value
-    0.0625
-    """
-    wins, losses = int((diffs > 0).sum()), int((diffs < 0).sum())
-    return SignTest(wins, losses, _binomial_tail(wins, wins + losses))
-
-
-def _drop_test(diffs: Floats) -> SignTest:
-    """The sign test the other way round: how likely this many losses, or more."""
-    reverse = sign_test(-diffs)
-    return SignTest(wins=reverse.losses, losses=reverse.wins, p_value=reverse.p_value)
-
-
-def _binomial_tail(k: int, m: int) -> float:
-    """P(X >= k) for X ~ Binomial(m, 1/2), summed in log space (no huge integers)."""
-    if k <= 0:
-        return 1.0
-    logs = [
-        math.lgamma(m + 1) - math.lgamma(i + 1) - math.lgamma(m - i + 1) - m * math.log(2)
-        for i in range(k, m + 1)
-    ]
-    top = max(logs)
-    return min(1.0, math.exp(top) * math.fsum(math.exp(value - top) for value in logs))
-
-
 def _is_binary(*metrics: ItemScores) -> bool:
     return all(score in (0.0, 1.0) for scores in metrics for score in scores.values())
 
@@ -404,7 +282,7 @@ def _judge_secondary(
 ) -> tuple[list[dict[str, Any]], list[str]]:
     results, reasons = [], []
     for metric in policy.secondary_metrics:
-        diffs = _paired_diffs(challenger.metrics[metric], champion.metrics[metric], metric)
+        diffs = paired_diffs(challenger.metrics[metric], champion.metrics[metric], metric)
         new, old = _mean(challenger.metrics[metric]), _mean(champion.metrics[metric])
         delta = float(diffs.mean())
         passed = delta >= -policy.secondary_tolerance - _ROUNDING
@@ -491,12 +369,12 @@ def _judge_slice(
 ) -> dict[str, Any]:
     new = {item: challenger.metrics[policy.primary_metric][item] for item in items}
     old = {item: champion.metrics[policy.primary_metric][item] for item in items}
-    diffs = _paired_diffs(new, old, f"slice {label!r}")
-    interval = _bootstrap(
+    diffs = paired_diffs(new, old, f"slice {label!r}")
+    interval = bootstrap(
         diffs, samples=policy.bootstrap_samples, confidence=confidence, seed=policy.seed
     )
     level = (1 - confidence) / 2  # one-sided: (1 - policy.confidence) / (2k)
-    drop = _drop_test(diffs) if is_binary else None
+    drop = drop_test(diffs) if is_binary else None
     is_significant = drop.p_value <= level if drop else interval.high < 0
     tolerance = policy.tolerance_of(label)
     is_judged = interval.n >= policy.min_slice_items

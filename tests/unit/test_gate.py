@@ -12,13 +12,8 @@ import numpy as np
 import pytest
 
 from flywheel.errors import InvalidInput
-from flywheel.evaluation.gate import (
-    Evaluation,
-    GatePolicy,
-    Interval,
-    decide,
-    paired_bootstrap,
-)
+from flywheel.evaluation.gate import Evaluation, GatePolicy, decide
+from flywheel.evaluation.paired import Interval, paired_bootstrap
 
 POLICY = GatePolicy(primary_metric="pass@1")
 
