@@ -10,8 +10,6 @@ the pairs are read in the export's order (finetune.sampling).
 
 from __future__ import annotations
 
-from typing import Any
-
 from trl.trainer.dpo_config import DPOConfig as TrlDpoConfig
 from trl.trainer.dpo_trainer import DPOTrainer
 
@@ -23,11 +21,7 @@ from finetune.sampling import WeightedSampling, is_curriculum, sampling_weights
 
 
 class WeightedDpoTrainer(WeightedSampling, DPOTrainer):
-    def __init__(
-        self, *args: Any, pair_weights: list[float] | None, is_ordered: bool, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.sample_weights, self.is_ordered = pair_weights, is_ordered
+    """Pairs drawn by weight (finetune.sampling)."""
 
 
 def train(job: Job) -> Outcome:
@@ -59,7 +53,7 @@ def train(job: Job) -> Outcome:
             processing_class=tokenizer,
             peft_config=lora_config(config.lora),
             callbacks=callbacks,
-            pair_weights=weights,
+            sample_weights=weights,
             is_ordered=is_curriculum(export),
         ),
     )

@@ -12,8 +12,6 @@ completion pairs, and the term is detached (a baseline, not a gradient path).
 
 from __future__ import annotations
 
-from typing import Any
-
 from trl.trainer.kto_config import KTOConfig as TrlKtoConfig
 from trl.trainer.kto_trainer import KTOTrainer
 
@@ -25,11 +23,7 @@ from finetune.sampling import WeightedSampling, is_curriculum, sampling_weights
 
 
 class WeightedKtoTrainer(WeightedSampling, KTOTrainer):
-    def __init__(
-        self, *args: Any, label_weights: list[float] | None, is_ordered: bool, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.sample_weights, self.is_ordered = label_weights, is_ordered
+    """Labels drawn by weight (finetune.sampling)."""
 
 
 def train(job: Job) -> Outcome:
@@ -63,7 +57,7 @@ def train(job: Job) -> Outcome:
             processing_class=tokenizer,
             peft_config=lora_config(config.lora),
             callbacks=callbacks,
-            label_weights=weights,
+            sample_weights=weights,
             is_ordered=is_curriculum(export),
         ),
     )

@@ -98,6 +98,12 @@ class WeightedSampling:
     sample_weights: list[float] | None = None
     is_ordered: bool = False
 
+    def __init__(
+        self, *args: Any, sample_weights: list[float] | None, is_ordered: bool, **kwargs: Any
+    ) -> None:
+        super().__init__(*args, **kwargs)
+        self.sample_weights, self.is_ordered = sample_weights, is_ordered
+
     def _get_train_sampler(self, train_dataset: Any = None) -> Sampler[int] | None:
         dataset: Any = getattr(self, "train_dataset", None)
         if dataset is None:

@@ -16,7 +16,6 @@ order replaces the curriculum's.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from datasets import Dataset
 from trl.trainer.sft_config import SFTConfig as TrlSftConfig
@@ -33,11 +32,7 @@ log = logging.getLogger("finetune.sft")
 
 
 class WeightedSftTrainer(WeightedSampling, SFTTrainer):
-    def __init__(
-        self, *args: Any, item_weights: list[float] | None, is_ordered: bool, **kwargs: Any
-    ) -> None:
-        super().__init__(*args, **kwargs)
-        self.sample_weights, self.is_ordered = item_weights, is_ordered
+    """Examples drawn by weight (finetune.sampling)."""
 
 
 def train(job: Job) -> Outcome:
@@ -70,7 +65,7 @@ def train(job: Job) -> Outcome:
             processing_class=tokenizer,
             peft_config=lora_config(config.lora),
             callbacks=callbacks,
-            item_weights=weights,
+            sample_weights=weights,
             is_ordered=is_ordered,
         ),
     )
