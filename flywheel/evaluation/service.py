@@ -173,11 +173,7 @@ def evaluate_version(
             "evidence": decision.evidence,
             "canary_alarm": alarm,
         }
-    _tag_verdict(tracking_uri, plan, decision, rival_name)
-    if alarm is not None:
-        MlflowRegistry(tracking_uri).set_version_tag(
-            plan.registered_model, plan.version, "flywheel.canary_alarm", alarm
-        )
+    _tag_verdict(tracking_uri, plan, decision, rival_name, alarm)
     return EvalOutcome(
         plan.version, rival_name, plan.dataset.version, ours["summary"], theirs["summary"], decision
     )
@@ -300,8 +296,16 @@ def _canary_alarm(scores: dict[str, Any]) -> str | None:
     )
 
 
-def _tag_verdict(tracking_uri: str, plan: _Plan, decision: GateDecision, against: str) -> None:
+def _tag_verdict(
+    tracking_uri: str, plan: _Plan, decision: GateDecision, against: str, alarm: str | None
+) -> None:
+    """The verdict, and a canary alarm when there is one, as tags of the MLflow version."""
+    registry = MlflowRegistry(tracking_uri)
     verdict = "passed" if decision.is_promoted else "failed"
-    MlflowRegistry(tracking_uri).set_version_tag(
+    registry.set_version_tag(
         plan.registered_model, plan.version, "flywheel.gate", f"{verdict} against {against}"
     )
+    if alarm is not None:
+        registry.set_version_tag(
+            plan.registered_model, plan.version, "flywheel.canary_alarm", alarm
+        )
