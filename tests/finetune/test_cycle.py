@@ -23,7 +23,7 @@ from flywheel.scheduling.cycle import CycleRequest, run_cycle
 from flywheel.scheduling.runs import request_cancel
 from flywheel.settings import Settings
 from tests.conftest import Caller, run_cli
-from tests.finetune.test_train_cli import QUICK, build_version
+from tests.finetune.test_train_cli import EVAL_FRACTION, QUICK, build_version
 
 pytestmark = [
     pytest.mark.filterwarnings(
@@ -42,7 +42,7 @@ def configure(
     top-level keys."""
     quick = {
         "overrides": {"sft": QUICK},
-        "recipe": {"eval_fraction": 0.2},
+        "recipe": {"eval_fraction": EVAL_FRACTION},
         "eval": {"max_new_tokens": 4, "k": 2},
     }
     config = {
