@@ -20,6 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from flywheel.errors import InvalidInput
+from flywheel.sandbox.budget import fallback_limits
 from flywheel.sandbox.limits import Limits
 from flywheel.sandbox.process import check_available, is_unsafe_local, reap_orphans
 from flywheel.sandbox.verdict import Reason, TestResult, Verdict
@@ -87,15 +88,23 @@ def run_tests(
     drain.start()
     lines, timed_out = _read_results(results_r, started + limits.wall_s)
     is_clean = not timed_out and not output.is_over_cap
+    if is_clean:
+        zygote.end_job()  # what the candidate still runs is of no use now
     zygote_report = zygote.read_report(REPORT_WAIT_S) if is_clean else None
     runner_report = runner.read_report(REPORT_WAIT_S) if is_clean else None
-    ZYGOTES.give_back(zygote, is_healthy=zygote_report is not None)
+    usage = zygote.budget.end_job() if zygote.budget is not None else None
+    is_left_clean = usage is None or usage.leftover_processes == 0
+    ZYGOTES.give_back(zygote, is_healthy=zygote_report is not None and is_left_clean)
     RUNNERS.give_back(runner, is_healthy=runner_report is not None)
     drain.join(timeout=5)
     os.close(output_r)
     reap_orphans()
-    peak_mb = (zygote_report or {}).get("peak_rss_kib", 0) / 1024
-    return _decide(lines, timed_out, output, time.monotonic() - started, peak_mb)
+    if usage is not None:
+        peak_mb, is_oom_killed = usage.peak_memory_mb, usage.is_oom_killed
+    else:  # the largest single process: all rlimits can tell
+        peak_mb, is_oom_killed = (zygote_report or {}).get("peak_rss_kib", 0) / 1024, False
+    run = _Run(lines, timed_out, output, is_oom_killed)
+    return _decide(run, time.monotonic() - started, peak_mb)
 
 
 def _start(
@@ -107,15 +116,19 @@ def _start(
     candidate_fds: tuple[int, int, int],
     runner_fds: tuple[int, int, int],
 ) -> tuple[WarmSandbox, WarmSandbox]:
-    """Hand the solution to a candidate zygote and the tests to a test runner."""
+    """Hand the solution to a candidate zygote and the tests to a test runner, each held to
+    the job's budget."""
     zygote = runner = None
     try:
         zygote = ZYGOTES.borrow()
         backstop = {"wall_s": limits.wall_s + BACKSTOP_S}
         zygote.submit(
-            {"solution": solution, **dataclasses.asdict(limits), **backstop}, candidate_fds
+            {"solution": solution, **_candidate_limits(zygote, limits), **backstop},
+            candidate_fds,
         )
         runner = RUNNERS.borrow()
+        if runner.budget is not None:
+            runner.budget.start_job(limits)
         runner.submit(
             {
                 "tests": tests,
@@ -132,6 +145,17 @@ def _start(
             if warm is not None:
                 warm.close()
         raise
+
+
+def _candidate_limits(zygote: WarmSandbox, limits: Limits) -> dict[str, object]:
+    """The job's limits as the zygote applies them: the whole budget in the sandbox's cgroup
+    and as each process's address space, or, without a cgroup, split between processes."""
+    job = dataclasses.asdict(limits)
+    if zygote.budget is not None:
+        zygote.budget.start_job(limits)
+        return {**job, "process_memory_mb": limits.memory_mb}
+    processes, per_process_mb = fallback_limits(limits)
+    return {**job, "max_processes": processes, "process_memory_mb": per_process_mb}
 
 
 def _read_results(fd: int, deadline: float) -> tuple[list[dict[str, object]], bool]:
@@ -156,48 +180,73 @@ def _read_results(fd: int, deadline: float) -> tuple[list[dict[str, object]], bo
         os.close(fd)
 
 
-def _decide(
-    lines: list[dict[str, object]],
-    timed_out: bool,
-    output: _Output,
-    duration_s: float,
-    peak_mb: float,
-) -> Verdict:
-    tests = [
-        TestResult(
-            str(line["test"]),
-            "passed" if line["status"] == "passed" else "failed",
-            str(line["message"]),
-        )
-        for line in lines
-        if "test" in line
+@dataclass(frozen=True)
+class _Run:
+    """What the trusted side saw of one run."""
+
+    lines: list[dict[str, object]]
+    timed_out: bool
+    output: _Output
+    is_oom_killed: bool
+
+    @property
+    def collected(self) -> list[str] | None:
+        """The tests the test side declared before running any, or None if it never did."""
+        declared = [line["collected"] for line in self.lines if "collected" in line]
+        return [str(name) for name in declared[0]] if declared else None  # type: ignore[attr-defined]
+
+    @property
+    def reported(self) -> list[TestResult]:
+        return [
+            TestResult(
+                str(line["test"]),
+                "passed" if line["status"] == "passed" else "failed",
+                str(line["message"]),
+            )
+            for line in self.lines
+            if "test" in line
+        ]
+
+    @property
+    def done(self) -> list[object]:
+        return [line["done"] for line in self.lines if "done" in line]
+
+
+def _decide(run: _Run, duration_s: float, peak_mb: float) -> Verdict:
+    """The verdict over every test collected: one that never reported (the run stalled,
+    crashed or overran a limit first) is failed, so a fraction of tests passed is always
+    over all of them."""
+    log = bytes(run.output.data[-2000:]).decode(errors="replace")
+    reason = _reason(run, log)
+    reported = run.reported
+    names = {test.name for test in reported}
+    unreported = [
+        TestResult(name, "failed", f"did not report: the run ended first ({reason})")
+        for name in run.collected or []
+        if name not in names
     ]
-    done = [line["done"] for line in lines if "done" in line]
-    log = bytes(output.data[-2000:]).decode(errors="replace")
-    reason = _reason(tests, done, timed_out, output, log)
     return Verdict(
         is_passed=reason == "passed",
         reason=reason,
-        tests=tests,
+        tests=reported + unreported,
         duration_s=round(duration_s, 4),
         peak_memory_mb=round(peak_mb, 1),
         detail=log[-2000:],
     )
 
 
-def _reason(
-    tests: list[TestResult], done: list[object], timed_out: bool, output: _Output, log: str
-) -> Reason:
+def _reason(run: _Run, log: str) -> Reason:
+    tests, collected, done = run.reported, run.collected, run.done
     messages = " ".join(test.message for test in tests)
-    if output.is_over_cap:
+    if run.output.is_over_cap:
         return "output_limit"
-    if timed_out or "timeout:" in messages:
+    if run.timed_out or "timeout:" in messages:
         return "timeout"
-    if "MemoryError" in messages or "MemoryError" in log:
+    if run.is_oom_killed or "MemoryError" in messages or "MemoryError" in log:
         return "memory"
-    if not done:
+    if not done or collected is None:
         return "crash" if tests else "harness_error"
-    if done[0] != len(tests):
+    if done[0] != len(collected) or [test.name for test in tests] != collected:
         return "harness_error"
     if not tests:
         return "no_tests"

@@ -30,14 +30,16 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.errors import SandboxUnavailable
+from flywheel.sandbox.budget import Budget
 from flywheel.sandbox.limits import Limits
 
 SANDBOX_PYTHON = "/usr/bin/python3"
 UNSAFE_ENV = "FLYWHEEL_SANDBOX"
 UNSAFE_VALUE = "unsafe-local"
 HOW_TO_FIX = (
-    "install bubblewrap and util-linux (apt-get install bubblewrap util-linux python3), and "
-    "allow unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
+    "install bubblewrap, util-linux and libseccomp's Python binding for the system Python "
+    "(apt-get install bubblewrap util-linux python3 python3-seccomp), and allow "
+    "unprivileged user namespaces (sysctl kernel.unprivileged_userns_clone=1)"
 )
 
 # Each sandbox gets its own uid so that sandboxes never share a process budget.
@@ -77,6 +79,8 @@ def _probe() -> str | None:
             return f"{tool} is not installed"
     if not os.access(SANDBOX_PYTHON, os.X_OK):
         return f"{SANDBOX_PYTHON} is missing"
+    if seccomp_module() is None:
+        return f"libseccomp's Python binding (python3-seccomp) is missing for {SANDBOX_PYTHON}"
     _become_subreaper()
     trial = subprocess.run(
         [*_bwrap_prefix(uid=next(_UIDS), binds={}, tmpfs_mb=1), "/usr/bin/true"],
@@ -89,6 +93,25 @@ def _probe() -> str | None:
     if trial.returncode != 0:
         return "bwrap could not start a sandbox: " + trial.stderr.decode(errors="replace").strip()
     return None
+
+
+@functools.cache
+def seccomp_module() -> str | None:
+    """The host path of the system Python's `seccomp` extension module, or None without it.
+
+    The sandboxes run `python3 -I -S`, which has no site-packages: the module file is bound
+    into /harness, where the candidate harness imports it.
+    """
+    found = subprocess.run(
+        [SANDBOX_PYTHON, "-I", "-c", "import seccomp; print(seccomp.__file__)"],
+        env={},
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    path = found.stdout.strip()
+    return path if found.returncode == 0 and path.endswith(".so") else None
 
 
 @functools.cache
@@ -159,7 +182,7 @@ def _bwrap_prefix(*, uid: int, binds: Mapping[str, str], tmpfs_mb: int) -> list[
         "--symlink", "usr/lib", "/lib",
         "--symlink", "usr/lib64", "/lib64",
         "--proc", "/proc",
-        "--dev", "/dev",
+        "--dev", "/dev", "--remount-ro", "/dev",  # jobs mount their own /dev/shm
         "--size", str(tmpfs_mb * 1024 * 1024), "--tmpfs", "/work",
         "--size", str(1024 * 1024), "--tmpfs", "/tmp",
     ]  # fmt: skip
@@ -170,7 +193,7 @@ def _bwrap_prefix(*, uid: int, binds: Mapping[str, str], tmpfs_mb: int) -> list[
     return [*command, "--remount-ro", "/", "--chdir", "/work"]
 
 
-def _set_limits(limits: Limits) -> Callable[[], None]:
+def _set_limits(limits: Limits, budget: Budget | None) -> Callable[[], None]:
     def apply() -> None:  # runs in the child between fork and exec
         mib = 1024 * 1024
         resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
@@ -179,6 +202,8 @@ def _set_limits(limits: Limits) -> Callable[[], None]:
         resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_mb * mib,) * 2)
         resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files,) * 2)
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+        if budget is not None:
+            budget.enter()
 
     return apply
 
@@ -204,9 +229,10 @@ def spawn(
     limits: Limits,
     pass_fds: tuple[int, ...],
     keep_output: bool = True,
+    budget: Budget | None = None,
 ) -> subprocess.Popen[bytes]:
-    """Start `argv` in a new sandbox; stdout and stderr go to one pipe for the caller to
-    drain, or to /dev/null without `keep_output`.
+    """Start `argv` in a new sandbox (in `budget`'s cgroup when given); stdout and stderr go
+    to one pipe for the caller to drain, or to /dev/null without `keep_output`.
 
     Under the unsafe-local override there is no isolation beyond rlimits: the sandbox paths
     in `argv` are rewritten to the staged host files.
@@ -227,7 +253,7 @@ def spawn(
             stdout=subprocess.PIPE if keep_output else subprocess.DEVNULL,
             stderr=subprocess.STDOUT,
             pass_fds=pass_fds,
-            preexec_fn=_set_limits(limits),  # rlimits are set between fork and exec
+            preexec_fn=_set_limits(limits, budget),  # rlimits are set between fork and exec
             start_new_session=True,
         )
         _spawned.add(process.pid)

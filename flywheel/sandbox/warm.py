@@ -5,7 +5,8 @@ test runners (they never run candidate code) and candidate zygotes (they never r
 code either: each job runs in a freshly forked child with new user, mount and pid namespaces,
 see harness/candidate.py). A job is an 8-byte length with its pipe ends attached
 (SCM_RIGHTS), then that many bytes of JSON; after it, the sandbox reports one JSON line.
-A sandbox whose job timed out or misbehaved is closed, never reused.
+A sandbox whose job timed out or misbehaved is closed, never reused. Each sandbox has its own
+memory and process budget (`budget.py`), set per job by the caller.
 """
 
 from __future__ import annotations
@@ -19,17 +20,22 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from importlib import resources
+from pathlib import Path
 from typing import Any
 
+from flywheel.errors import SandboxUnavailable
+from flywheel.sandbox.budget import Budget, make_budget, remove_parents
 from flywheel.sandbox.limits import Limits
 from flywheel.sandbox.process import (
     SANDBOX_PYTHON,
     Sandbox,
     is_unsafe_local,
+    seccomp_module,
     spawn,
     staged_files,
 )
 
+READY_WAIT_S = 30.0  # a harness starts in ~20 ms; a loaded machine may take far longer
 # The long-lived processes do little themselves; each job gets the caller's limits.
 WARM_LIMITS = Limits(cpu_s=24 * 3600, memory_mb=1024, max_processes=64, max_open_files=256)
 
@@ -44,6 +50,11 @@ class WarmSandbox:
         self._files = ExitStack()
         text = resources.files("flywheel.sandbox.harness").joinpath(script).read_text()
         binds = self._files.enter_context(staged_files({f"/harness/{script}": text}))
+        self.is_unsafe = is_unsafe_local(warn=False)
+        seccomp = None if self.is_unsafe else seccomp_module()
+        if seccomp is not None:
+            binds[seccomp] = f"/harness/{Path(seccomp).name}"
+        self.budget: Budget | None = None if self.is_unsafe else make_budget()
         ours, theirs = socket.socketpair()
         try:
             process = spawn(
@@ -52,17 +63,27 @@ class WarmSandbox:
                 limits=WARM_LIMITS,
                 pass_fds=(theirs.fileno(),),
                 keep_output=False,  # jobs get their own output pipes
+                budget=self.budget,
             )
         except BaseException:
             ours.close()
             self._files.close()
+            if self.budget is not None:
+                self.budget.remove()
             raise
         finally:
             theirs.close()
         self.control = ours
         self.sandbox = Sandbox(process)
-        self.is_unsafe = is_unsafe_local(warn=False)
         self._reports = b""
+        if self.read_report(READY_WAIT_S) != {"ready": True}:
+            self.close()
+            raise SandboxUnavailable(f"a warm sandbox ({script}) did not start")
+
+    def end_job(self) -> None:
+        """Tell the sandbox its job's tests are over: it stops what is left of the job."""
+        with contextlib.suppress(OSError):
+            self.control.sendall(b"E")
 
     @property
     def is_alive(self) -> bool:
@@ -89,6 +110,8 @@ class WarmSandbox:
         self.control.close()  # the sandbox's process exits when its socket closes
         self.sandbox.stop(grace_s=1.0)
         self._files.close()
+        if self.budget is not None:
+            self.budget.remove()
 
 
 class WarmPool:
@@ -132,5 +155,10 @@ class WarmPool:
 
 RUNNERS = WarmPool("runner.py")
 ZYGOTES = WarmPool("candidate.py")
-atexit.register(RUNNERS.close)
-atexit.register(ZYGOTES.close)
+
+
+@atexit.register
+def _close_pools() -> None:
+    RUNNERS.close()
+    ZYGOTES.close()
+    remove_parents()

@@ -1,22 +1,28 @@
 """Candidate side: a zygote that gives each solution a fresh, isolated child to run in.
 
 This process starts once per warm sandbox, never runs candidate code itself, and for each
-job forks a child that enters new user, mount and pid namespaces (fresh /work and /tmp, its
-own /proc, pid 1 of its own namespace so nothing it starts outlives it), sets the job's
-rlimits, drops every capability, then loads the solution and answers calls:
+job forks a child that enters new user, mount, pid, IPC, UTS and network namespaces (fresh
+size-capped /work, /tmp and /dev/shm, its own /proc, SysV IPC and loopback, pid 1 of its own
+pid namespace so nothing it starts outlives it), asks to be the OOM killer's first choice,
+sets the job's rlimits, drops every capability, installs the seccomp filter, then loads the
+solution and answers calls. Nothing it makes survives the job: every namespace and mount of
+it dies with its last process, and kernel keys cannot be made at all.
 
 request fd:  one JSON line `{"name": ..., "args": "<repr of a tuple>", "kwargs": "<repr>"}`
 response fd: one JSON line `{"value": "<repr>"}` or `{"raise": "<type name>", "message": ...}`
 
-It never sees the tests or any expected value. After each job this process reports the
-job's peak memory on its control socket.
+It never sees the tests or any expected value. On its control socket it says it is ready once
+started; after each job (which ends when the host sends a byte saying the tests are over, if
+it has not ended before) it reports the job's peak memory.
 """
 
 import ast
 import ctypes
+import errno
 import json
 import os
 import resource
+import select
 import signal
 import socket
 import sys
@@ -24,9 +30,16 @@ import time
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x00020000, 0x20000000
+CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWCGROUP = (
+    0x08000000, 0x04000000, 0x40000000, 0x02000000,
+)  # fmt: skip
+NEW_NAMESPACES = (
+    CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET
+)
 MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REC, MS_PRIVATE = 2, 4, 8, 0x4000, 1 << 18
 PR_SET_PDEATHSIG, PR_SET_NO_NEW_PRIVS = 1, 38
 MIB = 1024 * 1024
+STOP_GRACE_S = 1.0
 
 
 class CapHeader(ctypes.Structure):
@@ -47,10 +60,50 @@ def check(result, what):
         raise OSError(errno, what + ": " + os.strerror(errno))
 
 
+# Denied with EPERM: kernel interfaces a Python test never needs, the usual starting points of
+# kernel escalations, and every way to a new namespace. A denied call fails; nothing is killed.
+DENIED_SYSCALLS = (
+    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open",
+    "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
+    "init_module", "finit_module", "delete_module", "mount", "umount2", "pivot_root", "chroot",
+    "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
+    "unshare", "setns", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
+    "pidfd_getfd", "open_by_handle_at", "name_to_handle_at", "swapon", "swapoff", "reboot",
+    "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "settimeofday", "clock_settime",
+    "clock_adjtime", "adjtimex", "lookup_dcookie", "uselib", "fanotify_init", "iopl",
+    "ioperm", "modify_ldt", "mbind", "migrate_pages", "move_pages", "set_mempolicy",
+    "sethostname", "setdomainname", "memfd_secret",
+)  # fmt: skip
+
+
+def syscall_filter():
+    """The seccomp filter every candidate process runs under, built once per zygote.
+
+    clone is allowed only without namespace flags; clone3, whose flags sit behind a pointer
+    the filter cannot read, answers ENOSYS so that libc falls back to clone.
+    """
+    sys.path.insert(0, "/harness")  # the system's libseccomp binding, bound in by the host
+    import seccomp
+
+    denied = seccomp.SyscallFilter(seccomp.ALLOW)
+    for name in DENIED_SYSCALLS:
+        denied.add_rule(seccomp.ERRNO(errno.EPERM), name)
+    for flag in (
+        CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET,
+        CLONE_NEWCGROUP,
+    ):  # fmt: skip
+        denied.add_rule(
+            seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag)
+        )
+    denied.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
+    return denied
+
+
 def enter_namespaces(job):
-    """New user, mount and pid namespaces with fresh size-capped /work and /tmp."""
+    """New user, mount, pid, IPC, UTS and network namespaces with fresh size-capped /work,
+    /tmp and /dev/shm (the sandbox's /dev is read-only, so nothing else there is writable)."""
     uid, gid = os.getuid(), os.getgid()
-    check(LIBC.unshare(CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID), "unshare")
+    check(LIBC.unshare(NEW_NAMESPACES), "unshare")
     for name, text in (
         ("setgroups", "deny"),
         ("uid_map", f"{uid} {uid} 1"),
@@ -59,14 +112,20 @@ def enter_namespaces(job):
         with open("/proc/self/" + name, "w") as control:
             control.write(text)
     check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "mount private")
-    for path, size in ((b"/work", job["tmpfs_mb"] * MIB), (b"/tmp", MIB)):
+    scratch = job["scratch_mb"] * MIB
+    mounts = ((b"/work", job["tmpfs_mb"] * MIB), (b"/tmp", scratch), (b"/dev/shm", scratch))
+    for path, size in mounts:
         options = b"size=" + str(size).encode()
         check(LIBC.mount(b"tmpfs", path, b"tmpfs", MS_NOSUID | MS_NODEV, options), "mount tmpfs")
 
 
-def confine(job, is_sandboxed):
-    """In the job's pid-1 process: own /proc, rlimits, no capabilities, no new privileges."""
+def confine(job, denied):
+    """In the job's pid-1 process: own /proc, first in line for the OOM killer, rlimits, no
+    capabilities, no new privileges, the seccomp filter (`denied`; None when unsandboxed)."""
+    is_sandboxed = denied is not None
     check(LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
+    with open("/proc/self/oom_score_adj", "w") as oom:
+        oom.write("1000")
     if is_sandboxed:
         check(
             LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None), "proc"
@@ -74,7 +133,7 @@ def confine(job, is_sandboxed):
         os.chdir("/work")
     for limit, value in (
         (resource.RLIMIT_CPU, job["cpu_s"]),
-        (resource.RLIMIT_AS, job["memory_mb"] * MIB),
+        (resource.RLIMIT_AS, job["process_memory_mb"] * MIB),
         (resource.RLIMIT_NPROC, job["max_processes"]),
         (resource.RLIMIT_FSIZE, job["max_file_mb"] * MIB),
         (resource.RLIMIT_NOFILE, job["max_open_files"]),
@@ -83,6 +142,7 @@ def confine(job, is_sandboxed):
     check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if is_sandboxed:
         check(LIBC.capset(ctypes.byref(CapHeader(0x20080522, 0)), (CapData * 2)()), "capset")
+        denied.load()
 
 
 def answer_calls(source, requests, responses):
@@ -110,17 +170,17 @@ def answer(namespace, loaded, request):
         return {"raise": type(error).__name__, "message": str(error)[:1000]}
 
 
-def run_job(job, fds, is_sandboxed):
+def run_job(job, fds, control, denied):
     """Fork the isolated child for one job; return its peak memory in KiB."""
     request_fd, response_fd, output_fd = fds
     middle = os.fork()
     if middle == 0:
         try:
-            if is_sandboxed:
+            if denied is not None:
                 enter_namespaces(job)
             inner = os.fork()  # pid 1 of the new pid namespace
             if inner == 0:
-                confine(job, is_sandboxed)
+                confine(job, denied)
                 os.dup2(output_fd, 1)
                 os.dup2(output_fd, 2)
                 close_all_but({request_fd, response_fd})
@@ -132,6 +192,8 @@ def run_job(job, fds, is_sandboxed):
                 os._exit(0)
             for fd in fds:
                 os.close(fd)
+            # When told to stop: kill pid 1; waitpid returns once its namespace is empty.
+            signal.signal(signal.SIGTERM, lambda *_: os.kill(inner, signal.SIGKILL))
             os.waitpid(inner, 0)
         except BaseException as error:  # say why in the job's output; the verdict shows it
             os.write(output_fd, ("sandbox setup failed: " + repr(error) + "\n").encode())
@@ -139,7 +201,7 @@ def run_job(job, fds, is_sandboxed):
             os._exit(0)
     for fd in fds:
         os.close(fd)
-    return reap(middle, time.monotonic() + job["wall_s"])
+    return reap(middle, control, time.monotonic() + job["wall_s"])
 
 
 def close_all_but(keep):
@@ -151,16 +213,38 @@ def close_all_but(keep):
     os.closerange(start, 65536)
 
 
-def reap(child, deadline):
-    """Wait for the job (killing it at the deadline); its peak resident memory in KiB."""
+def reap(child, control, deadline):
+    """Wait for the job to exit, and end it early when the host says its tests are over (a
+    byte on the control socket; a candidate is of no more use then) or at the deadline.
+    Returns its peak resident memory in KiB once the host has said the job is over."""
+    is_over = False
     while True:
         pid, _, usage = os.wait4(child, os.WNOHANG)
         if pid:
-            return usage.ru_maxrss
-        if time.monotonic() > deadline:
-            os.kill(child, signal.SIGKILL)  # its pid-1 child dies by PDEATHSIG, and all with it
-            return os.wait4(child, 0)[2].ru_maxrss
+            break
+        if is_over or time.monotonic() > deadline:
+            usage = stop(child)
+            break
+        if select.select([control], [], [], 0.002)[0]:
+            control.recv(1)  # one byte, or b"" if the host closed the socket: over either way
+            is_over = True
+    if not is_over:
+        control.recv(1)  # the host always says so (or closes the socket)
+    return usage.ru_maxrss
+
+
+def stop(child):
+    """Ask the job's middle process to kill its pid 1 and wait for the whole namespace to
+    go (so nothing of the job is left when this returns); kill it outright if it cannot."""
+    os.kill(child, signal.SIGTERM)
+    deadline = time.monotonic() + STOP_GRACE_S
+    while time.monotonic() < deadline:
+        pid, _, usage = os.wait4(child, os.WNOHANG)
+        if pid:
+            return usage
         time.sleep(0.002)
+    os.kill(child, signal.SIGKILL)  # its pid-1 child dies by PDEATHSIG, and all with it
+    return os.wait4(child, 0)[2]
 
 
 def receive(control):
@@ -178,12 +262,13 @@ def receive(control):
 
 def main():
     control = socket.socket(fileno=int(sys.argv[1]))
-    is_sandboxed = sys.argv[2] == "sandboxed"
+    denied = syscall_filter() if sys.argv[2] == "sandboxed" else None
+    control.sendall(b'{"ready": true}\n')
     while True:
         job, fds = receive(control)
         if job is None:
             return
-        peak_kib = run_job(job, fds, is_sandboxed)
+        peak_kib = run_job(job, fds, control, denied)
         control.sendall(json.dumps({"peak_rss_kib": peak_kib}).encode() + b"\n")
 
 

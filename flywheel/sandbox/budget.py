@@ -1,0 +1,228 @@
+"""One memory and process budget per sandbox, covering every process the candidate starts.
+
+rlimits hold per process: six children of 400 MB each fit under a 512 MB RLIMIT_AS. Where the
+host lets us, each warm sandbox lives in a cgroup of its own (cgroup v2, or v1's memory and
+pids controllers); it runs one job at a time, so before each job its limits are set to the
+sandbox's idle use plus the job's budget, and after it the cgroup says the job's peak
+memory, whether the kernel killed anything for memory, and whether any process outlived it.
+Candidate processes ask to be the OOM killer's first choice, so the sandbox's own processes
+survive a job that overruns.
+
+Where no cgroup can be made, `fallback_limits` derives per-process rlimits so that processes
+x address space never exceeds the budget: fewer processes, each with a share of the memory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import itertools
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from flywheel.sandbox.limits import Limits
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+MIB = 1024 * 1024
+FALLBACK_PROCESS_MB = 64
+"""Without cgroups, each process gets at least this much address space (Python with a
+thread starts in 24 MB here), and the process count is cut to fit the budget."""
+
+_NAMES = itertools.count()
+
+
+@dataclass(frozen=True)
+class JobUsage:
+    peak_memory_mb: float
+    is_oom_killed: bool
+    leftover_processes: int
+    """Processes in the sandbox's cgroup beyond those it had before the job (0 is clean)."""
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """Where this process may make sandbox cgroups: one directory per controller
+    (one for both under v2), each under this process's own cgroup."""
+
+    version: int
+    memory: Path
+    pids: Path
+
+
+class Budget:
+    """The cgroup(s) of one warm sandbox. `enter` runs in the child before exec."""
+
+    def __init__(self, layout: _Layout) -> None:
+        name = f"sandbox-{next(_NAMES)}"
+        self.version = layout.version
+        self.memory = layout.memory / name
+        self.pids = layout.pids / name
+        for directory in {self.memory, self.pids}:
+            directory.mkdir()
+        self._procs = [str(path / "cgroup.procs") for path in {self.memory, self.pids}]
+        self._baseline_bytes = 0
+        self._baseline_processes = 0
+        self._oom_kills = 0
+
+    def enter(self) -> None:
+        """Move the calling process into this budget (called between fork and exec)."""
+        for procs in self._procs:
+            fd = os.open(procs, os.O_WRONLY)
+            try:
+                os.write(fd, b"0")
+            finally:
+                os.close(fd)
+
+    def start_job(self, limits: Limits) -> None:
+        """Limit the sandbox to its idle use plus the job's memory and processes."""
+        self._baseline_bytes = self._memory_usage()
+        self._baseline_processes = self.processes()
+        self._oom_kills = self._oom_kill_count()
+        budget = self._baseline_bytes + limits.memory_mb * MIB
+        if self.version == 2:
+            _write(self.memory / "memory.swap.max", "0")
+            _write(self.memory / "memory.max", str(budget))
+            _write(self.memory / "memory.peak", "0", missing_ok=True)  # reset: kernel 6.12+
+        else:
+            self._set_v1_memory_limit(budget)
+            _write(self.memory / "memory.max_usage_in_bytes", "0")
+        _write(self.pids / "pids.max", str(self._baseline_processes + limits.max_processes))
+
+    def end_job(self) -> JobUsage:
+        peak_file = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
+        peak = _read_int(self.memory / peak_file, default=self._memory_usage())
+        return JobUsage(
+            peak_memory_mb=max(0, peak - self._baseline_bytes) / MIB,
+            is_oom_killed=self._oom_kill_count() > self._oom_kills,
+            leftover_processes=max(0, self.processes() - self._baseline_processes),
+        )
+
+    def processes(self) -> int:
+        return _read_int(self.pids / "pids.current", default=0)
+
+    def remove(self) -> None:
+        """Remove the cgroup(s) once the sandbox's processes are gone (rmdir fails before)."""
+        for directory in {self.memory, self.pids}:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+    def _memory_usage(self) -> int:
+        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
+        return _read_int(self.memory / name, default=0)
+
+    def _oom_kill_count(self) -> int:
+        name = "memory.events" if self.version == 2 else "memory.oom_control"
+        text = (self.memory / name).read_text()
+        fields = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
+        return int(fields.get("oom_kill", 0))
+
+    def _set_v1_memory_limit(self, budget: int) -> None:
+        """memory+swap may never be below memory: raise it first, lower it last."""
+        swap = self.memory / "memory.memsw.limit_in_bytes"
+        limit = self.memory / "memory.limit_in_bytes"
+        order = [swap, limit] if _read_int(limit, default=0) < budget else [limit, swap]
+        for path in order:
+            if path.exists():
+                _write(path, str(budget))
+
+
+def make_budget() -> Budget | None:
+    """A budget for a new sandbox, or None where this host gives us no cgroups."""
+    layout = _layout()
+    return Budget(layout) if layout is not None else None
+
+
+def remove_parents() -> None:
+    """At exit: remove this process's sandbox cgroups that are empty by now, then their parent."""
+    layout = _layout()
+    if layout is None:
+        return
+    for parent in {layout.memory, layout.pids}:
+        for directory in [*parent.glob("sandbox-*"), parent]:
+            with contextlib.suppress(OSError):
+                directory.rmdir()
+
+
+def describe() -> str:
+    """How sandboxes are held to their memory budget here, for `flywheel doctor`."""
+    layout = _layout()
+    if layout is None:
+        return f"per-process rlimits (no writable cgroup here; {FALLBACK_PROCESS_MB} MB floor)"
+    return f"cgroup v{layout.version} per sandbox ({layout.memory.parent})"
+
+
+def fallback_limits(limits: Limits) -> tuple[int, int]:
+    """(processes, address space MB per process) with processes x memory <= the budget."""
+    processes = max(1, min(limits.max_processes, limits.memory_mb // FALLBACK_PROCESS_MB))
+    return processes, limits.memory_mb // processes
+
+
+@functools.cache
+def _layout() -> _Layout | None:
+    """This process's cgroup directories for sandboxes, made once, or None without them."""
+    own = _own_cgroups()
+    candidates: list[_Layout] = []
+    if "" in own and (CGROUP_ROOT / "cgroup.controllers").exists():
+        base = CGROUP_ROOT / own[""].lstrip("/")
+        candidates.append(_Layout(2, base, base))
+    if "memory" in own and "pids" in own:
+        candidates.append(
+            _Layout(
+                1,
+                CGROUP_ROOT / "memory" / own["memory"].lstrip("/"),
+                CGROUP_ROOT / "pids" / own["pids"].lstrip("/"),
+            )
+        )
+    for layout in candidates:
+        made = _make_parent(layout)
+        if made is not None:
+            return made
+    return None
+
+
+def _own_cgroups() -> dict[str, str]:
+    """{controller: path} from /proc/self/cgroup; "" is the v2 hierarchy."""
+    own: dict[str, str] = {}
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, path = line.split(":", 2)
+            for controller in controllers.split(",") if controllers else [""]:
+                own[controller] = path
+    return own
+
+
+def _make_parent(layout: _Layout) -> _Layout | None:
+    """A directory of this process's own under each controller, or None if not allowed."""
+    name = f"flywheel-{os.getpid()}"
+    try:
+        if layout.version == 2:
+            enabled = (layout.memory / "cgroup.subtree_control").read_text().split()
+            if not {"memory", "pids"} <= set(enabled):
+                return None  # enabling them would need this process out of its own cgroup
+        made = _Layout(layout.version, layout.memory / name, layout.pids / name)
+        for directory in {made.memory, made.pids}:
+            directory.mkdir(exist_ok=True)
+        if layout.version == 2:
+            _write(made.memory / "cgroup.subtree_control", "+memory +pids")
+        probe = Budget(made)
+        probe.remove()
+        return made
+    except OSError:
+        return None
+
+
+def _write(path: Path, text: str, *, missing_ok: bool = False) -> None:
+    try:
+        path.write_text(text)
+    except FileNotFoundError:
+        if not missing_ok:
+            raise
+
+
+def _read_int(path: Path, *, default: int) -> int:
+    try:
+        text = path.read_text().strip()
+    except OSError:
+        return default
+    return int(text) if text.isdigit() else default
