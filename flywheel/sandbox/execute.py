@@ -215,10 +215,15 @@ class _Run:
 def _decide(run: _Run, duration_s: float, peak_mb: float) -> Verdict:
     """The verdict over every test collected: one that never reported (the run stalled,
     crashed or overran a limit first) is failed, so a fraction of tests passed is always
-    over all of them."""
+    over all of them; a candidate the kernel killed for memory passes none."""
     log = bytes(run.output.data[-2000:]).decode(errors="replace")
     reason = _reason(run, log)
     reported = run.reported
+    if run.is_oom_killed:  # when in the run it overran is unknown: no test of it counts
+        reported = [
+            TestResult(test.name, "failed", "the candidate overran its memory budget")
+            for test in reported
+        ]
     names = {test.name for test in reported}
     unreported = [
         TestResult(name, "failed", f"did not report: the run ended first ({reason})")

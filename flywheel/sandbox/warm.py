@@ -35,6 +35,7 @@ from flywheel.sandbox.process import (
     staged_files,
 )
 
+MODULES = ("syscalls.py",)  # imported by the harness scripts from /harness
 READY_WAIT_S = 30.0  # a harness starts in ~20 ms; a loaded machine may take far longer
 # The long-lived processes do little themselves; each job gets the caller's limits.
 WARM_LIMITS = Limits(cpu_s=24 * 3600, memory_mb=1024, max_processes=64, max_open_files=256)
@@ -48,8 +49,11 @@ _STARTER = ThreadPoolExecutor(1, thread_name_prefix="flywheel-sandbox-starter")
 class WarmSandbox:
     def __init__(self, script: str, *args: str) -> None:
         self._files = ExitStack()
-        text = resources.files("flywheel.sandbox.harness").joinpath(script).read_text()
-        binds = self._files.enter_context(staged_files({f"/harness/{script}": text}))
+        harness = resources.files("flywheel.sandbox.harness")
+        texts = {
+            f"/harness/{name}": harness.joinpath(name).read_text() for name in (script, *MODULES)
+        }
+        binds = self._files.enter_context(staged_files(texts))
         self.is_unsafe = is_unsafe_local(warn=False)
         seccomp = None if self.is_unsafe else seccomp_module()
         if seccomp is not None:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import time
 from collections.abc import Callable
@@ -13,29 +12,9 @@ import pytest
 from flywheel.sandbox import Verdict
 from flywheel.sandbox.process import reap_orphans
 from flywheel.sandbox.warm import RUNNERS, ZYGOTES
+from tests.adversarial.host import sandbox_processes
 
 Run = Callable[..., Verdict]
-
-
-def sandbox_processes() -> list[str]:
-    """Our descendants, running or zombie, under a sandbox uid (200000 and up).
-
-    Only this test process's own tree counts: another Flywheel on the machine has its own.
-    """
-    listing = subprocess.run(
-        ["ps", "-eo", "uid=,pid=,ppid=,stat=,args="], capture_output=True, text=True, check=True
-    )
-    rows = [line.split(maxsplit=4) for line in listing.stdout.splitlines()]
-    parent = {int(row[1]): int(row[2]) for row in rows}
-
-    def is_ours(pid: int) -> bool:
-        while pid > 1:
-            if pid == os.getpid():
-                return True
-            pid = parent.get(pid, 0)
-        return False
-
-    return [" ".join(row) for row in rows if int(row[0]) >= 200_000 and is_ours(int(row[1]))]
 
 
 @pytest.fixture(autouse=True)
@@ -47,7 +26,7 @@ def nothing_lingers() -> object:
     while sandbox_processes() and time.monotonic() < deadline:
         reap_orphans()  # sandbox inits still dying are reaped on a later call
         time.sleep(0.05)
-    assert sandbox_processes() == []
+    assert sandbox_processes() == {}
 
 
 def in_call(body: str) -> str:

@@ -67,3 +67,13 @@ def test_training_can_refuse_the_override(monkeypatch: pytest.MonkeyPatch) -> No
 
     with pytest.raises(SandboxUnavailable, match="GRPO training refuses"):
         refuse_unsafe_local("GRPO training")
+
+
+@pytest.mark.usefixtures("fresh_probe")
+def test_missing_libseccomp_refuses_to_run(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No syscall filter, no sandbox: as with a missing bwrap, it fails closed."""
+    process.seccomp_module.cache_clear()
+    monkeypatch.setattr(process, "seccomp_module", lambda: None)
+
+    with pytest.raises(SandboxUnavailable, match="python3-seccomp.*apt-get install"):
+        run_tests(SOLUTION, TESTS, entry_point="add")

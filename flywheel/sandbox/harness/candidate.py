@@ -18,7 +18,6 @@ it has not ended before) it reports the job's peak memory.
 
 import ast
 import ctypes
-import errno
 import json
 import os
 import resource
@@ -30,9 +29,7 @@ import time
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x00020000, 0x20000000
-CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET, CLONE_NEWCGROUP = (
-    0x08000000, 0x04000000, 0x40000000, 0x02000000,
-)  # fmt: skip
+CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET = 0x08000000, 0x04000000, 0x40000000
 NEW_NAMESPACES = (
     CLONE_NEWUSER | CLONE_NEWNS | CLONE_NEWPID | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWNET
 )
@@ -58,45 +55,6 @@ def check(result, what):
     if result != 0:
         errno = ctypes.get_errno()
         raise OSError(errno, what + ": " + os.strerror(errno))
-
-
-# Denied with EPERM: kernel interfaces a Python test never needs, the usual starting points of
-# kernel escalations, and every way to a new namespace. A denied call fails; nothing is killed.
-DENIED_SYSCALLS = (
-    "io_uring_setup", "io_uring_enter", "io_uring_register", "bpf", "perf_event_open",
-    "userfaultfd", "keyctl", "add_key", "request_key", "kexec_load", "kexec_file_load",
-    "init_module", "finit_module", "delete_module", "mount", "umount2", "pivot_root", "chroot",
-    "mount_setattr", "move_mount", "open_tree", "fsopen", "fsconfig", "fsmount", "fspick",
-    "unshare", "setns", "ptrace", "process_vm_readv", "process_vm_writev", "kcmp",
-    "pidfd_getfd", "open_by_handle_at", "name_to_handle_at", "swapon", "swapoff", "reboot",
-    "acct", "quotactl", "quotactl_fd", "syslog", "vhangup", "settimeofday", "clock_settime",
-    "clock_adjtime", "adjtimex", "lookup_dcookie", "uselib", "fanotify_init", "iopl",
-    "ioperm", "modify_ldt", "mbind", "migrate_pages", "move_pages", "set_mempolicy",
-    "sethostname", "setdomainname", "memfd_secret",
-)  # fmt: skip
-
-
-def syscall_filter():
-    """The seccomp filter every candidate process runs under, built once per zygote.
-
-    clone is allowed only without namespace flags; clone3, whose flags sit behind a pointer
-    the filter cannot read, answers ENOSYS so that libc falls back to clone.
-    """
-    sys.path.insert(0, "/harness")  # the system's libseccomp binding, bound in by the host
-    import seccomp
-
-    denied = seccomp.SyscallFilter(seccomp.ALLOW)
-    for name in DENIED_SYSCALLS:
-        denied.add_rule(seccomp.ERRNO(errno.EPERM), name)
-    for flag in (
-        CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID, CLONE_NEWIPC, CLONE_NEWUTS, CLONE_NEWNET,
-        CLONE_NEWCGROUP,
-    ):  # fmt: skip
-        denied.add_rule(
-            seccomp.ERRNO(errno.EPERM), "clone", seccomp.Arg(0, seccomp.MASKED_EQ, flag, flag)
-        )
-    denied.add_rule(seccomp.ERRNO(errno.ENOSYS), "clone3")
-    return denied
 
 
 def enter_namespaces(job):
@@ -262,7 +220,10 @@ def receive(control):
 
 def main():
     control = socket.socket(fileno=int(sys.argv[1]))
-    denied = syscall_filter() if sys.argv[2] == "sandboxed" else None
+    sys.path.insert(0, "/harness")
+    import syscalls
+
+    denied = syscalls.build_filter() if sys.argv[2] == "sandboxed" else None
     control.sendall(b'{"ready": true}\n')
     while True:
         job, fds = receive(control)
