@@ -214,8 +214,9 @@ def staged_files(files: Mapping[str, str]) -> Iterator[dict[str, str]]:
     with tempfile.TemporaryDirectory(prefix="flywheel-sandbox-") as root:
         os.chmod(root, 0o755)
         binds = {}
-        for index, (target, text) in enumerate(files.items()):
-            source = Path(root) / f"{index}-{Path(target).name}"
+        for target, text in files.items():
+            source = Path(root) / target.lstrip("/")  # the same tree: modules sit side by side
+            source.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
             source.write_text(text, encoding="utf-8")
             source.chmod(0o444)
             binds[str(source)] = target

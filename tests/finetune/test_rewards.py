@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from finetune.rewards import (
+    CANARY_TESTS,
     AnswerReward,
     CanaryMonitor,
     FormatReward,
@@ -319,9 +320,10 @@ def test_canaries_are_deterministic_impossible_looking_tasks() -> None:
         assert "canary" not in prompt.lower()
 
 
-def _expected_values(tests: str) -> tuple[int, int]:
-    first, second = (int(value) for value in re.findall(r"== (\d+)", tests))
-    return first, second
+def _expected_values(tests: str) -> list[tuple[int, int, int]]:
+    """(argument, first, second) of each of a code canary's tests."""
+    found = re.findall(r"\((\d+)\)\n    assert value == (\d+)\n    assert value == (\d+)", tests)
+    return [(int(argument), int(first), int(second)) for argument, first, second in found]
 
 
 def _attempts_at(row: dict[str, Any]) -> list[str]:
@@ -329,35 +331,43 @@ def _attempts_at(row: dict[str, Any]) -> list[str]:
     if row["task_kind"] == "answer":
         return ["Answer: 42", "Answer: abcdefghijklmnopqrstuvwx", "I don't know the code."]
     name = row["entry_point"]
-    first, second = _expected_values(row["tests"])
+    expected = _expected_values(row["tests"])
+    firsts = {argument: first for argument, first, _ in expected}
+    seconds = {argument: second for argument, _, second in expected}
     return [
-        f"```python\ndef {name}(n):\n    return {first}\n```",
-        f"```python\ndef {name}(n):\n    return {second}\n```",
+        f"```python\ndef {name}(n):\n    return {firsts!r}[n]\n```",
+        f"```python\ndef {name}(n):\n    return {seconds!r}[n]\n```",
         # state across calls: first call one value, later calls the other
         f"```python\n_calls = []\ndef {name}(n):\n    _calls.append(n)\n"
-        f"    return {first} if len(_calls) == 1 else {second}\n```",
+        f"    return {firsts!r}[n] if len(_calls) % 2 else {seconds!r}[n]\n```",
         # an object equal to everything cannot cross the sandbox boundary (literals only)
         f"```python\nclass _Any:\n    def __eq__(self, other):\n        return True\n"
         f"def {name}(n):\n    return _Any()\n```",
     ]
 
 
-def test_a_code_canary_fails_on_its_contradiction_not_on_a_broken_test_file() -> None:
+def test_a_code_canary_fails_on_its_contradictions_not_on_a_broken_test_file() -> None:
     canary = make_canaries(1, seed=4)[0]
     name, tests = canary["entry_point"], canary["tests"]
-    first, second = _expected_values(tests)
-    solution = f"def {name}(n):\n    return {first}\n"
+    expected = _expected_values(tests)
+    firsts = {argument: first for argument, first, _ in expected}
+    solution = f"def {name}(n):\n    return {firsts!r}[n]\n"
+    without_contradictions = tests
+    for _, _, second in expected:
+        without_contradictions = without_contradictions.replace(
+            f"    assert value == {second}\n", ""
+        )
 
     verdict = run_tests(solution, tests, entry_point=name, limits=FAST)
-    without_contradiction = run_tests(
-        solution,
-        tests.replace(f"    assert value == {second}\n", ""),
-        entry_point=name,
-        limits=FAST,
-    )
+    honest_file = run_tests(solution, without_contradictions, entry_point=name, limits=FAST)
 
-    assert (verdict.reason, len(verdict.tests)) == ("failed_tests", 1)
-    assert without_contradiction.is_passed  # the same file runs and passes minus one line
+    assert len(expected) == CANARY_TESTS > 1
+    assert (verdict.reason, len(verdict.tests), verdict.pass_fraction) == (
+        "failed_tests",
+        CANARY_TESTS,
+        0.0,
+    )
+    assert honest_file.is_passed  # the same file runs and passes minus those lines
 
 
 def test_no_honest_or_clever_solution_passes_a_canary() -> None:

@@ -220,7 +220,7 @@ def receive(control):
 
 def main():
     control = socket.socket(fileno=int(sys.argv[1]))
-    sys.path.insert(0, "/harness")
+    sys.path.insert(0, os.path.dirname(__file__))  # /harness, with the modules the host bound
     import syscalls
 
     denied = syscalls.build_filter() if sys.argv[2] == "sandboxed" else None
