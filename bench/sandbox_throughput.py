@@ -11,7 +11,9 @@ The hostile section (the sandbox-hardening issue: "a CodeReward batch of 8 with 
 samples within 1.2 x the time of the 6 honest ones alone") scores, with `CodeReward` at its
 defaults (`Limits()`, 8 workers), the canonical solutions of 6 tasks alone, then the same 6
 with 2 resource-exhaustion samples against two of those tasks' tests (6 children of 400 MB
-each; a fork bomb), in interleaved rounds, and samples the host's MemAvailable meanwhile.
+each; the classic fork bomb, `while True: os.fork()`), in interleaved rounds, and samples the
+host's MemAvailable meanwhile. (A sample that merely stalls costs its call timeout by
+design, so it is not among them: stalling is scored, see tests/adversarial/test_accounting.)
 
     python -m bench.sandbox_throughput [--workers 4] [--repeat 1] [--section all] [--rounds 5]
 
@@ -72,10 +74,7 @@ import os
 
 def {entry_point}(*args, **kwargs):
     while True:
-        try:
-            os.fork()
-        except OSError:
-            pass
+        os.fork()
 """
 MEMINFO_EVERY_S = 0.02
 
@@ -271,8 +270,8 @@ def hostile_section(rounds: int) -> None:
     limits = reward.limits
     print(
         f"\nCodeReward(mode='fraction', max_workers={reward.max_workers}), Limits() (wall "
-        f"{limits.wall_s:g} s, call {limits.call_timeout_s:g} s, {limits.memory_mb} MB per "
-        f"process, {limits.max_processes} processes); {rounds} rounds of honest then mixed, after "
+        f"{limits.wall_s:g} s, call {limits.call_timeout_s:g} s, {limits.memory_mb} MB and "
+        f"{limits.max_processes} processes per candidate); {rounds} rounds of honest then mixed, after "
         "1 warm-up of each"
     )
     print(
