@@ -94,9 +94,13 @@ class Budget:
         peak = _read_int(self.memory / peak_file, default=self._memory_usage())
         return JobUsage(
             peak_memory_mb=max(0, peak - self._baseline_bytes) / MIB,
-            is_oom_killed=self._oom_kill_count() > self._oom_kills,
+            is_oom_killed=self.is_overrun(),
             leftover_processes=max(0, self.processes() - self._baseline_processes),
         )
+
+    def is_overrun(self) -> bool:
+        """Whether the kernel has killed a process of the running job for memory."""
+        return self._oom_kill_count() > self._oom_kills
 
     def processes(self) -> int:
         return _read_int(self.pids / "pids.current", default=0)

@@ -29,6 +29,7 @@ from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmSandbox
 REPORT_WAIT_S = 2.0  # how long a warm sandbox may take to report a finished job
 # The sandboxes kill a job this long after our own wall clock: ours decides, theirs is a backstop.
 BACKSTOP_S = 1.0
+BUDGET_POLL_S = 0.05  # how often a running job's cgroup is checked for an OOM kill
 
 
 @dataclass
@@ -86,7 +87,8 @@ def run_tests(
     output = _Output(output_r, limits.max_output_bytes, on_over_cap=zygote.sandbox.kill_inside)
     drain = threading.Thread(target=output.drain, daemon=True)
     drain.start()
-    lines, timed_out = _read_results(results_r, started + limits.wall_s)
+    overran = zygote.budget.is_overrun if zygote.budget is not None else lambda: False
+    lines, timed_out = _read_results(results_r, started + limits.wall_s, overran)
     is_clean = not timed_out and not output.is_over_cap
     if is_clean:
         zygote.end_job()  # what the candidate still runs is of no use now
@@ -158,16 +160,20 @@ def _candidate_limits(zygote: WarmSandbox, limits: Limits) -> dict[str, object]:
     return {**job, "max_processes": processes, "process_memory_mb": per_process_mb}
 
 
-def _read_results(fd: int, deadline: float) -> tuple[list[dict[str, object]], bool]:
-    """Result lines from the test side until it closes the pipe or the deadline passes."""
+def _read_results(
+    fd: int, deadline: float, overran: Callable[[], bool]
+) -> tuple[list[dict[str, object]], bool]:
+    """Result lines from the test side until it closes the pipe, the deadline passes (True)
+    or the candidate overruns its memory budget: no test of it counts then, so waiting on
+    what the OOM killer spared would only let it stall."""
     buffer = b""
     lines: list[dict[str, object]] = []
     try:
-        while True:
+        while not overran():
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return lines, True
-            ready, _, _ = select.select([fd], [], [], remaining)
+            ready, _, _ = select.select([fd], [], [], min(remaining, BUDGET_POLL_S))
             if not ready:
                 continue
             chunk = os.read(fd, 65536)
@@ -176,6 +182,7 @@ def _read_results(fd: int, deadline: float) -> tuple[list[dict[str, object]], bo
             buffer += chunk
             *complete, buffer = buffer.split(b"\n")
             lines += [json.loads(line) for line in complete if line.strip()]
+        return lines, False
     finally:
         os.close(fd)
 
