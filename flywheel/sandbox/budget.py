@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import itertools
+import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +31,7 @@ FALLBACK_PROCESS_MB = 64
 thread starts in 24 MB here), and the process count is cut to fit the budget."""
 
 _NAMES = itertools.count()
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -149,7 +151,7 @@ def remove_parents() -> None:
 
 
 def describe() -> str:
-    """How sandboxes are held to their memory budget here, for `flywheel doctor`."""
+    """How sandboxes are held to their memory budget here."""
     layout = _layout()
     if layout is None:
         return f"per-process rlimits (no writable cgroup here; {FALLBACK_PROCESS_MB} MB floor)"
@@ -182,6 +184,10 @@ def _layout() -> _Layout | None:
         made = _make_parent(layout)
         if made is not None:
             return made
+    log.warning(
+        "sandbox: no writable cgroup (v2 with memory and pids delegated, or v1's memory and "
+        "pids); each candidate's memory budget is split into per-process rlimits instead"
+    )
     return None
 
 
