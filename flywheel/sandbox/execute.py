@@ -193,6 +193,8 @@ def _reason(
         return "output_limit"
     if timed_out or "timeout:" in messages:
         return "timeout"
+    if "output_limit:" in messages:  # a call or its reply was too long to cross
+        return "output_limit"
     if "MemoryError" in messages or "MemoryError" in log:
         return "memory"
     if not done:

@@ -185,12 +185,18 @@ def _set_limits(limits: Limits) -> Callable[[], None]:
 
 @contextmanager
 def staged_files(files: Mapping[str, str]) -> Iterator[dict[str, str]]:
-    """Write `{sandbox path: text}` to a host directory; yield `{host path: sandbox path}`."""
+    """Write `{sandbox path: text}` to a host directory; yield `{host path: sandbox path}`.
+
+    The host paths mirror the sandbox paths, so files staged side by side stay side by side
+    (a harness script imports its neighbour, also unsandboxed under the unsafe-local override).
+    """
     with tempfile.TemporaryDirectory(prefix="flywheel-sandbox-") as root:
         os.chmod(root, 0o755)
         binds = {}
-        for index, (target, text) in enumerate(files.items()):
-            source = Path(root) / f"{index}-{Path(target).name}"
+        for target, text in files.items():
+            source = Path(root, target.lstrip("/"))
+            source.parent.mkdir(exist_ok=True)  # targets are /<dir>/<file>: /harness/..., /task/...
+            source.parent.chmod(0o755)  # the sandbox's own uid reads through it
             source.write_text(text, encoding="utf-8")
             source.chmod(0o444)
             binds[str(source)] = target

@@ -42,8 +42,11 @@ _STARTER = ThreadPoolExecutor(1, thread_name_prefix="flywheel-sandbox-starter")
 class WarmSandbox:
     def __init__(self, script: str, *args: str) -> None:
         self._files = ExitStack()
-        text = resources.files("flywheel.sandbox.harness").joinpath(script).read_text()
-        binds = self._files.enter_context(staged_files({f"/harness/{script}": text}))
+        harness = resources.files("flywheel.sandbox.harness")
+        # The script, and next to it the value codec both scripts import.
+        names = (script, "literals.py")
+        files = {f"/harness/{name}": harness.joinpath(name).read_text() for name in names}
+        binds = self._files.enter_context(staged_files(files))
         ours, theirs = socket.socketpair()
         try:
             process = spawn(
