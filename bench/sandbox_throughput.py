@@ -271,8 +271,8 @@ def hostile_section(rounds: int) -> None:
     print(
         f"\nCodeReward(mode='fraction', max_workers={reward.max_workers}), Limits() (wall "
         f"{limits.wall_s:g} s, call {limits.call_timeout_s:g} s, {limits.memory_mb} MB and "
-        f"{limits.max_processes} processes per candidate); {rounds} rounds of honest then mixed, after "
-        "1 warm-up of each"
+        f"{limits.max_processes} processes per candidate); {rounds} rounds of honest then "
+        "mixed, after 1 warm-up of each"
     )
     print(
         f"hostile: fan-out = {FAN_OUT_CHILDREN} children x {FAN_OUT_CHILD_MB} MB touched, "

@@ -254,6 +254,8 @@ def _reason(run: _Run, log: str) -> Reason:
         return "output_limit"
     if run.timed_out or "timeout:" in messages:
         return "timeout"
+    if "output_limit:" in messages:  # a call or its reply was too long to cross
+        return "output_limit"
     if run.is_oom_killed or "MemoryError" in messages or "MemoryError" in log:
         return "memory"
     if not done or collected is None:

@@ -210,7 +210,11 @@ def _set_limits(limits: Limits, budget: Budget | None) -> Callable[[], None]:
 
 @contextmanager
 def staged_files(files: Mapping[str, str]) -> Iterator[dict[str, str]]:
-    """Write `{sandbox path: text}` to a host directory; yield `{host path: sandbox path}`."""
+    """Write `{sandbox path: text}` to a host directory; yield `{host path: sandbox path}`.
+
+    The host paths mirror the sandbox paths, so files staged side by side stay side by side
+    (a harness script imports its neighbour, also unsandboxed under the unsafe-local override).
+    """
     with tempfile.TemporaryDirectory(prefix="flywheel-sandbox-") as root:
         os.chmod(root, 0o755)
         binds = {}

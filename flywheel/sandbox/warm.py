@@ -35,7 +35,7 @@ from flywheel.sandbox.process import (
     staged_files,
 )
 
-MODULES = ("syscalls.py",)  # imported by the harness scripts from /harness
+MODULES = ("literals.py", "syscalls.py")  # imported by the harness scripts from /harness
 READY_WAIT_S = 30.0  # a harness starts in ~20 ms; a loaded machine may take far longer
 # The long-lived processes do little themselves; each job gets the caller's limits.
 WARM_LIMITS = Limits(cpu_s=24 * 3600, memory_mb=1024, max_processes=64, max_open_files=256)

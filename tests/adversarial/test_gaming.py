@@ -110,3 +110,82 @@ def test_tests_that_collect_nothing_do_not_pass(run: Run) -> None:
 
     assert not verdict.is_passed
     assert verdict.reason == "no_tests"
+
+
+def test_expected_value_errors_cross_too(run: Run) -> None:
+    solution = (
+        "def add(a, b):\n    if a < 0:\n        raise ValueError('negative')\n    return a + b\n"
+    )
+    tests = (
+        "import pytest\nfrom solution import add\n\n"
+        "def test_rejects_negatives():\n    with pytest.raises(ValueError):\n        add(-1, 1)\n"
+    )
+
+    assert run(solution, tests).is_passed
+
+
+# Each test is right for an honest `add`; each would silently end its iteration (and pass)
+# if the candidate's control-flow exception reached the test as itself.
+ITERATING_TESTS = """
+import asyncio
+from solution import add
+
+def test_map():
+    assert set(map(add, [1, 3], [2, 4])) <= {3, 7}
+
+def test_zip():
+    for got, want in zip(map(add, [1, 3], [2, 4]), [3, 7]):
+        assert got == want
+
+def test_all():
+    assert all(map(lambda pair: add(*pair) == sum(pair), [(1, 2), (3, 4)]))
+
+def test_for_loop():
+    for got in map(add, [1], [2]):
+        assert got == 3
+
+def test_next():
+    assert next(map(add, [1], [2]), 3) == 3
+
+class Sums:
+    def __init__(self):
+        self.pairs = [(1, 2)]
+
+    def __aiter__(self):
+        return self
+
+    async def __anext__(self):
+        if not self.pairs:
+            raise StopAsyncIteration
+        return add(*self.pairs.pop())
+
+def test_async_for():
+    async def check():
+        async for got in Sums():
+            assert got == 3
+
+    asyncio.run(check())
+"""
+
+CONTROL_FLOW = [
+    "StopIteration",
+    "StopAsyncIteration",
+    "GeneratorExit",
+    "KeyboardInterrupt",
+    "SystemExit",
+]
+
+
+@pytest.mark.parametrize("exception", CONTROL_FLOW)
+def test_control_flow_exceptions_from_the_candidate_fail_the_test(run: Run, exception: str) -> None:
+    verdict = run(f"def add(a, b):\n    raise {exception}\n", ITERATING_TESTS)
+
+    assert not verdict.is_passed, verdict
+    assert verdict.pass_fraction == 0.0, verdict
+    assert all(exception in test.message for test in verdict.tests), verdict
+
+
+def test_iterating_tests_pass_for_an_honest_candidate(run: Run) -> None:
+    verdict = run("def add(a, b):\n    return a + b\n", ITERATING_TESTS)
+
+    assert verdict.is_passed, verdict

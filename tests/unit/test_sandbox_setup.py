@@ -75,5 +75,5 @@ def test_missing_libseccomp_refuses_to_run(monkeypatch: pytest.MonkeyPatch) -> N
     process.seccomp_module.cache_clear()
     monkeypatch.setattr(process, "seccomp_module", lambda: None)
 
-    with pytest.raises(SandboxUnavailable, match="python3-seccomp.*apt-get install"):
+    with pytest.raises(SandboxUnavailable, match=r"python3-seccomp.*apt-get install"):
         run_tests(SOLUTION, TESTS, entry_point="add")

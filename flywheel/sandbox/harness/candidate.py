@@ -5,18 +5,19 @@ job forks a child that enters new user, mount, pid, IPC, UTS and network namespa
 size-capped /work, /tmp and /dev/shm, its own /proc, SysV IPC and loopback, pid 1 of its own
 pid namespace so nothing it starts outlives it), asks to be the OOM killer's first choice,
 sets the job's rlimits, drops every capability, installs the seccomp filter, then loads the
-solution and answers calls. Nothing it makes survives the job: every namespace and mount of
-it dies with its last process, and kernel keys cannot be made at all.
+solution and answers calls, one line each way in the plain-value text of literals.py.
+Nothing it makes survives the job: every namespace and mount of it dies with its last
+process, and kernel keys cannot be made at all:
 
-request fd:  one JSON line `{"name": ..., "args": "<repr of a tuple>", "kwargs": "<repr>"}`
-response fd: one JSON line `{"value": "<repr>"}` or `{"raise": "<type name>", "message": ...}`
+request fd:  `(name, args, kwargs)`
+response fd: `("value", value)`, `("raise", "<type name>", message)`, or why the value
+             cannot cross: `("not_plain", why)`, `("output_limit", why)`
 
 It never sees the tests or any expected value. On its control socket it says it is ready once
 started; after each job (which ends when the host sends a byte saying the tests are over, if
 it has not ended before) it reports the job's peak memory.
 """
 
-import ast
 import ctypes
 import json
 import os
@@ -26,6 +27,11 @@ import signal
 import socket
 import sys
 import time
+
+sys.path.insert(0, os.path.dirname(__file__))  # /harness: `-I` leaves the script's own out
+import literals
+
+sys.set_int_max_str_digits(0)  # a solution may str() the big ints it is now given
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 CLONE_NEWUSER, CLONE_NEWNS, CLONE_NEWPID = 0x10000000, 0x00020000, 0x20000000
@@ -111,21 +117,32 @@ def answer_calls(source, requests, responses):
     except BaseException as error:  # the solution itself may be broken: report it per call
         loaded = error
     for line in requests:
-        responses.write(json.dumps(answer(namespace, loaded, json.loads(line))) + "\n")
+        reply = answer(namespace, loaded, literals.decode(line.rstrip("\n")))
+        responses.write(encode_reply(reply) + "\n")
 
 
 def answer(namespace, loaded, request):
+    """The reply to one `(name, args, kwargs)` call: its value or what it raised."""
     if loaded is not None:
-        return {"raise": type(loaded).__name__, "message": "solution did not load: " + str(loaded)}
-    function = namespace.get(request["name"])
+        return ("raise", type(loaded).__name__, "solution did not load: " + str(loaded))
+    name, args, kwargs = request
+    function = namespace.get(name)
     if not callable(function):
-        return {"raise": "NameError", "message": "solution defines no function " + request["name"]}
+        return ("raise", "NameError", "solution defines no function " + name)
     try:
-        args = ast.literal_eval(request["args"])
-        kwargs = ast.literal_eval(request["kwargs"])
-        return {"value": repr(function(*args, **kwargs))}
+        return ("value", function(*args, **kwargs))
     except BaseException as error:
-        return {"raise": type(error).__name__, "message": str(error)[:1000]}
+        return ("raise", type(error).__name__, str(error)[:1000])
+
+
+def encode_reply(reply):
+    """The reply as a line; a value that cannot cross is answered with the reason instead."""
+    try:
+        return literals.encode(reply)
+    except literals.TooLarge as error:
+        return literals.encode(("output_limit", str(error)))
+    except literals.NotPlain as error:
+        return literals.encode(("not_plain", str(error)))
 
 
 def run_job(job, fds, control, denied):
@@ -220,8 +237,7 @@ def receive(control):
 
 def main():
     control = socket.socket(fileno=int(sys.argv[1]))
-    sys.path.insert(0, os.path.dirname(__file__))  # /harness, with the modules the host bound
-    import syscalls
+    import syscalls  # from /harness, like literals
 
     denied = syscalls.build_filter() if sys.argv[2] == "sandboxed" else None
     control.sendall(b'{"ready": true}\n')

@@ -1,13 +1,14 @@
 """Test side: run tasks' tests against a proxy of the candidate, report each result.
 
-The candidate's functions are proxies: arguments go out as `repr`, results come back through
-`ast.literal_eval`, so only plain values (numbers, strings, lists, dicts, ...) cross and the
-candidate can never hand the tests an object that compares equal to anything. Exceptions come
-back by name; only builtin exception types are re-raised as themselves. Results go to a file
-descriptor only this process holds; the parent decides the verdict from them.
+The candidate's functions are proxies: a call goes out as one line and its result comes back
+as one line, both in the plain-value text of literals.py, so only plain values (numbers,
+strings, bytes, containers of them) cross, and the tests only ever hold builtins the
+decoder built: never an object of the candidate's that could compare equal to anything.
+Exceptions come back by name; builtin exception types are re-raised as themselves, but for
+those that steer control flow. Results go to a file descriptor only this process holds; the
+parent decides the verdict from them.
 """
 
-import ast
 import builtins
 import itertools
 import json
@@ -21,10 +22,22 @@ import sys
 import time
 import types
 
+sys.path.insert(0, os.path.dirname(__file__))  # /harness: `-I` leaves the script's own out
+import literals
+
+sys.set_int_max_str_digits(0)  # ints of any size now cross; tests may print them
+
+# Builtin exceptions cross as themselves, so that `pytest.raises(TypeError)` works; not those
+# that steer control flow: a StopIteration from the candidate inside a test's `map` or `zip`
+# would silently end the iteration, and the test pass. They arrive as CandidateError, as do
+# GeneratorExit, KeyboardInterrupt and SystemExit (not Exceptions at all).
+CONTROL_FLOW = (StopIteration, StopAsyncIteration)
 SAFE_EXCEPTIONS = {
     name: value
     for name, value in vars(builtins).items()
-    if isinstance(value, type) and issubclass(value, Exception)
+    if isinstance(value, type)
+    and issubclass(value, Exception)
+    and not issubclass(value, CONTROL_FLOW)
 }
 
 
@@ -36,46 +49,90 @@ class CandidateGone(Exception):
     """The candidate process died or stopped answering."""
 
 
+class OutputLimit(Exception):
+    """A call or its reply is longer than literals.MAX_TEXT_BYTES. Its message starts with
+    `output_limit:`, from which the parent labels the verdict."""
+
+
 class Channel:
+    """The tests' end of the pipes to the candidate: one call at a time, one line each way."""
+
     def __init__(self, request_fd, response_fd, call_timeout_s):
         self.requests = os.fdopen(request_fd, "w", encoding="utf-8", buffering=1)
         self.response_fd = response_fd
-        self.buffer = b""
+        self.buffer = bytearray()
         self.call_timeout_s = call_timeout_s
         self.is_dead = False
 
     def call(self, name, args, kwargs):
+        """The candidate's `name(*args, **kwargs)`, by one deadline for the whole reply."""
         if self.is_dead:
             raise CandidateGone("the candidate stopped answering earlier")
+        deadline = time.monotonic() + self.call_timeout_s
+        request = encode_call(name, args, kwargs)
         try:
-            self.requests.write(
-                json.dumps({"name": name, "args": repr(args), "kwargs": repr(kwargs)}) + "\n"
-            )
+            self.requests.write(request + "\n")
         except (BrokenPipeError, OSError) as error:
             self.is_dead = True
             raise CandidateGone("the candidate exited") from error
-        reply = json.loads(self.read_line())
-        if "raise" in reply:
-            kind = SAFE_EXCEPTIONS.get(reply["raise"], CandidateError)
-            raise kind(reply["raise"] + ": " + reply.get("message", ""))
-        try:
-            return ast.literal_eval(reply["value"])
-        except (ValueError, SyntaxError, TypeError, MemoryError, RecursionError) as error:
-            raise CandidateError("the candidate returned a value that is not a literal") from error
+        return self.receive(self.read_line(deadline))
 
-    def read_line(self):
-        while b"\n" not in self.buffer:
-            ready, _, _ = select.select([self.response_fd], [], [], self.call_timeout_s)
-            if not ready:
-                self.is_dead = True
-                raise CandidateGone("timeout: the candidate did not answer in time")
-            chunk = os.read(self.response_fd, 65536)
-            if not chunk:
-                self.is_dead = True
-                raise CandidateGone("the candidate exited")
-            self.buffer += chunk
-        line, _, self.buffer = self.buffer.partition(b"\n")
+    def receive(self, line):
+        """The value of a reply line, or the exception it stands for."""
+        try:
+            reply = literals.decode(line.decode("ascii"))
+        except (UnicodeDecodeError, literals.NotPlain) as error:
+            raise CandidateError(f"the candidate's reply is not a plain value: {error}") from error
+        match reply:
+            case ("value", value):
+                return value
+            case ("raise", str(kind), str(message)):
+                raise SAFE_EXCEPTIONS.get(kind, CandidateError)(kind + ": " + message)
+            case ("output_limit", str(detail)):
+                raise OutputLimit("output_limit: the candidate's reply is " + detail)
+            case ("not_plain", str(detail)):
+                raise CandidateError("the candidate's value is not a plain value: " + detail)
+        raise CandidateError("the candidate's reply is not a reply")
+
+    def read_line(self, deadline):
+        """One line from the candidate, by `deadline`; reading stops past the size limit."""
+        searched = 0
+        while (end := self.buffer.find(b"\n", searched)) < 0:
+            if len(self.buffer) > literals.MAX_TEXT_BYTES:
+                break
+            searched = len(self.buffer)
+            self.buffer += self.read_chunk(deadline)
+        if end < 0 or end > literals.MAX_TEXT_BYTES:
+            self.is_dead = True  # the rest of this reply would be read as the next one
+            raise OutputLimit(
+                f"output_limit: the candidate's reply is over {literals.LIMIT_MIB} MiB"
+            )
+        line = bytes(self.buffer[:end])
+        del self.buffer[: end + 1]
         return line
+
+    def read_chunk(self, deadline):
+        remaining = deadline - time.monotonic()
+        ready = remaining > 0 and select.select([self.response_fd], [], [], remaining)[0]
+        if not ready:
+            self.is_dead = True
+            raise CandidateGone("timeout: the candidate did not answer in time")
+        chunk = os.read(self.response_fd, 65536)
+        if not chunk:
+            self.is_dead = True
+            raise CandidateGone("the candidate exited")
+        return chunk
+
+
+def encode_call(name, args, kwargs):
+    """The request line for one call. Arguments that cannot cross fail the test with an error
+    no `pytest.raises(<builtin>)` expects: the test never reached the candidate."""
+    try:
+        return literals.encode((name, args, kwargs))
+    except literals.TooLarge as error:
+        raise OutputLimit(f"output_limit: the call to {name} is {error}") from error
+    except literals.NotPlain as error:
+        raise literals.NotPlain(f"an argument to {name} is not a plain value: {error}") from None
 
 
 def proxy(channel, name):
@@ -141,7 +198,7 @@ def run_one(test):
         return "passed", ""
     except AssertionError as error:
         return "failed", "assertion failed: " + str(error)[:500]
-    except CandidateGone as error:
+    except (CandidateGone, OutputLimit) as error:
         return "failed", str(error)
     except BaseException as error:
         return "failed", type(error).__name__ + ": " + str(error)[:500]
