@@ -107,11 +107,16 @@ class Budget:
     def processes(self) -> int:
         return _read_int(self.pids / "pids.current", default=0)
 
-    def remove(self) -> None:
-        """Remove the cgroup(s) once the sandbox's processes are gone (rmdir fails before)."""
+    def remove(self) -> bool:
+        """Remove the cgroup(s); False while a process (a zombie not yet reaped included) is
+        still in one, which rmdir refuses."""
         for directory in {self.memory, self.pids}:
-            with contextlib.suppress(OSError):
-                directory.rmdir()
+            with contextlib.suppress(FileNotFoundError):
+                try:
+                    directory.rmdir()
+                except OSError:
+                    return False
+        return True
 
     def _memory_usage(self) -> int:
         name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"

@@ -17,6 +17,7 @@ import json
 import select
 import socket
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from importlib import resources
@@ -30,12 +31,14 @@ from flywheel.sandbox.process import (
     SANDBOX_PYTHON,
     Sandbox,
     is_unsafe_local,
+    reap_orphans,
     seccomp_module,
     spawn,
     staged_files,
 )
 
 MODULES = ("literals.py", "syscalls.py")  # imported by the harness scripts from /harness
+BUDGET_REMOVE_WAIT_S = 2.0
 READY_WAIT_S = 30.0  # a harness starts in ~20 ms; a loaded machine may take far longer
 # The long-lived processes do little themselves; each job gets the caller's limits.
 WARM_LIMITS = Limits(cpu_s=24 * 3600, memory_mb=1024, max_processes=64, max_open_files=256)
@@ -114,8 +117,12 @@ class WarmSandbox:
         self.control.close()  # the sandbox's process exits when its socket closes
         self.sandbox.stop(grace_s=1.0)
         self._files.close()
-        if self.budget is not None:
-            self.budget.remove()
+        deadline = time.monotonic() + BUDGET_REMOVE_WAIT_S
+        while self.budget is not None and not self.budget.remove():
+            if time.monotonic() > deadline:
+                break  # left for remove_parents at exit
+            reap_orphans()  # the sandbox's init, adopted by us, may be its last process
+            time.sleep(0.01)
 
 
 class WarmPool:
