@@ -66,6 +66,7 @@ class Budget:
         self._baseline_bytes = 0
         self._baseline_processes = 0
         self._oom_kills = 0
+        self._limited_to: tuple[int, int] | None = None
 
     def enter(self) -> None:
         """Move the calling process into this budget (called between fork and exec)."""
@@ -79,17 +80,22 @@ class Budget:
     def start_job(self, limits: Limits) -> None:
         """Limit the sandbox to its idle use plus the job's memory and processes."""
         self._baseline_bytes = self._memory_usage()
-        self._baseline_processes = self.processes()
         self._oom_kills = self._oom_kill_count()
+        if self.version == 2:
+            _write(self.memory / "memory.peak", "0", missing_ok=True)  # reset: kernel 6.12+
+        else:
+            _write(self.memory / "memory.max_usage_in_bytes", "0")
+        if self._limited_to == (limits.memory_mb, limits.max_processes):
+            return  # the same limits as the last job's: set (over that job's idle use) already
+        self._baseline_processes = self.processes()
         budget = self._baseline_bytes + limits.memory_mb * MIB
         if self.version == 2:
             _write(self.memory / "memory.swap.max", "0")
             _write(self.memory / "memory.max", str(budget))
-            _write(self.memory / "memory.peak", "0", missing_ok=True)  # reset: kernel 6.12+
         else:
             self._set_v1_memory_limit(budget)
-            _write(self.memory / "memory.max_usage_in_bytes", "0")
         _write(self.pids / "pids.max", str(self._baseline_processes + limits.max_processes))
+        self._limited_to = (limits.memory_mb, limits.max_processes)
 
     def end_job(self) -> JobUsage:
         peak_file = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"

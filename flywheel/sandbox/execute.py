@@ -169,12 +169,14 @@ def _read_results(
     buffer = b""
     lines: list[dict[str, object]] = []
     try:
-        while not overran():
+        while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return lines, True
             ready, _, _ = select.select([fd], [], [], min(remaining, BUDGET_POLL_S))
             if not ready:
+                if overran():
+                    return lines, False
                 continue
             chunk = os.read(fd, 65536)
             if not chunk:  # the test side finished, or was killed after our deadline
@@ -182,7 +184,6 @@ def _read_results(
             buffer += chunk
             *complete, buffer = buffer.split(b"\n")
             lines += [json.loads(line) for line in complete if line.strip()]
-        return lines, False
     finally:
         os.close(fd)
 
