@@ -78,17 +78,22 @@ class Budget:
                 os.close(fd)
 
     def start_job(self, limits: Limits) -> None:
-        """Limit the sandbox to its idle use plus the job's memory and processes."""
+        """Limit the sandbox to its idle use plus the job's memory and processes, and start
+        counting the job's peak memory and OOM kills."""
         self._baseline_bytes = self._memory_usage()
         self._oom_kills = self._oom_kill_count()
         if self.version == 2:
             _write(self.memory / "memory.peak", "0", missing_ok=True)  # reset: kernel 6.12+
         else:
             _write(self.memory / "memory.max_usage_in_bytes", "0")
+        self.limit(limits)
+
+    def limit(self, limits: Limits) -> None:
+        """Set the limits, over the sandbox's use now, unless the last job's were the same."""
         if self._limited_to == (limits.memory_mb, limits.max_processes):
-            return  # the same limits as the last job's: set (over that job's idle use) already
+            return
         self._baseline_processes = self.processes()
-        budget = self._baseline_bytes + limits.memory_mb * MIB
+        budget = self._memory_usage() + limits.memory_mb * MIB
         if self.version == 2:
             _write(self.memory / "memory.swap.max", "0")
             _write(self.memory / "memory.max", str(budget))

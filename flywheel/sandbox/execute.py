@@ -129,8 +129,8 @@ def _start(
             candidate_fds,
         )
         runner = RUNNERS.borrow()
-        if runner.budget is not None:
-            runner.budget.start_job(limits)
+        if runner.budget is not None:  # its memory is held to the budget; nothing is reported
+            runner.budget.limit(limits)
         runner.submit(
             {
                 "tests": tests,
