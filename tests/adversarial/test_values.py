@@ -177,6 +177,8 @@ def response_fd():
 OVERSIZED = {
     "string_100_mb": "def add(a, b):\n    return 'x' * 100_000_000\n",
     "huge_nested_list": "def add(a, b):\n    row = [0] * 1000\n    return [row] * 100_000\n",
+    "doubled_64_times": "def add(a, b):\n    x = [0]\n    for _ in range(64):\n"
+    "        x = [x, x]\n    return x\n",
     "flood_the_reply_pipe": RESPONSE_FD
     + "def add(a, b):\n    fd = response_fd()\n    for _ in range(200):\n"
     "        os.write(fd, b'[' * 2**20)\n",

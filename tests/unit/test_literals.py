@@ -105,6 +105,24 @@ def test_shared_but_acyclic_parts_are_fine() -> None:
     assert literals.decode(literals.encode([part, [part], part])) == [[1], [[1]], [1]]
 
 
+def test_runs_of_one_type_encode_as_single_values_do() -> None:
+    mixed = [1, -2, "a", None, True, 2.5, b"\x01", bytearray(b"z"), enum.IntEnum("E", "A").A]
+    long = list(range(2 * literals.RUN_LENGTH + 3)) + ["s"] * literals.RUN_LENGTH + mixed
+
+    assert literals.encode([3, 4, "a", None]) == '["l",4,"i","3","i","4","s","a","N",null]'
+    assert same(literals.decode(literals.encode(long)), long[:-1] + [1])
+
+
+def test_a_value_built_by_doubling_one_part_is_refused_without_walking_it() -> None:
+    # 2**64 leaves: walking them would never end; their text passes the limit at once.
+    doubled: list[object] = [0]
+    for _ in range(64):
+        doubled = [doubled, doubled]
+
+    with pytest.raises(literals.TooLarge):
+        literals.encode(doubled)
+
+
 def test_cycles_depth_and_other_types_are_refused() -> None:
     loop: list[object] = []
     loop.append(loop)
