@@ -3,8 +3,8 @@
 rlimits hold per process: six children of 400 MB each fit under a 512 MB RLIMIT_AS. Where the
 host lets us, each warm sandbox lives in a cgroup of its own (cgroup v2, or v1's memory and
 pids controllers); it runs one job at a time, so before each job its limits are set to the
-sandbox's idle use plus the job's budget, and after it the cgroup says the job's peak
-memory, whether the kernel killed anything for memory, and whether any process outlived it.
+sandbox's idle use plus the job's budget; the cgroup says the job's peak memory and whether
+the kernel killed anything for memory, and after the job whether any process outlived it.
 Candidate processes ask to be the OOM killer's first choice, so the sandbox's own processes
 survive a job that overruns.
 
@@ -38,8 +38,6 @@ log = logging.getLogger(__name__)
 class JobUsage:
     peak_memory_mb: float
     is_oom_killed: bool
-    leftover_processes: int
-    """Processes in the sandbox's cgroup beyond those it had before the job (0 is clean)."""
 
 
 @dataclass(frozen=True)
@@ -102,14 +100,18 @@ class Budget:
         _write(self.pids / "pids.max", str(self._baseline_processes + limits.max_processes))
         self._limited_to = (limits.memory_mb, limits.max_processes)
 
-    def end_job(self) -> JobUsage:
+    def job_usage(self) -> JobUsage:
+        """The running (or just finished) job's peak memory and whether it was OOM-killed."""
         peak_file = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
         peak = _read_int(self.memory / peak_file, default=self._memory_usage())
         return JobUsage(
             peak_memory_mb=max(0, peak - self._baseline_bytes) / MIB,
             is_oom_killed=self.is_overrun(),
-            leftover_processes=max(0, self.processes() - self._baseline_processes),
         )
+
+    def leftover_processes(self) -> int:
+        """Processes in the sandbox's cgroup beyond those it had before the job (0 is clean)."""
+        return max(0, self.processes() - self._baseline_processes)
 
     def is_overrun(self) -> bool:
         """Whether the kernel has killed a process of the running job for memory."""

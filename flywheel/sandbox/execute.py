@@ -11,13 +11,16 @@ e.g. a MemoryError; a pass never does.)
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
+import logging
 import os
 import select
-import threading
 import time
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
 from flywheel.errors import InvalidInput
 from flywheel.sandbox.budget import fallback_limits
@@ -30,25 +33,41 @@ REPORT_WAIT_S = 2.0  # how long a warm sandbox may take to report a finished job
 # The sandboxes kill a job this long after our own wall clock: ours decides, theirs is a backstop.
 BACKSTOP_S = 1.0
 BUDGET_POLL_S = 0.05  # how often a running job's cgroup is checked for an OOM kill
+# Ends jobs off the caller's path: stopping what the candidate still runs, reading both
+# sandboxes' reports and pooling them again take milliseconds no verdict depends on.
+_FINISHER = ThreadPoolExecutor(8, thread_name_prefix="flywheel-sandbox-finish")
+log = logging.getLogger(__name__)
 
 
 @dataclass
 class _Output:
-    """Drains what the candidate prints, keeping at most `cap` bytes."""
+    """What the candidate prints, kept up to `cap` bytes; read without blocking."""
 
     fd: int
     cap: int
     on_over_cap: Callable[[], None]
     data: bytearray = field(default_factory=bytearray)
     is_over_cap: bool = False
+    is_open: bool = True
+    """Until the candidate's side closes it, or it passes the cap (nothing is read after)."""
+
+    def __post_init__(self) -> None:
+        os.set_blocking(self.fd, False)
 
     def drain(self) -> None:
-        for chunk in iter(lambda: os.read(self.fd, 65536), b""):
-            if len(self.data) + len(chunk) > self.cap:
-                self.is_over_cap = True
-                self.on_over_cap()
+        """Read what has been written so far."""
+        while self.is_open:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
                 return
-            self.data += chunk
+            if not chunk:
+                self.is_open = False
+            elif len(self.data) + len(chunk) > self.cap:
+                self.is_over_cap, self.is_open = True, False
+                self.on_over_cap()
+            else:
+                self.data += chunk
 
 
 def run_tests(
@@ -85,28 +104,48 @@ def run_tests(
         for fd in (request_r, request_w, response_r, response_w, results_w, output_w):
             os.close(fd)
     output = _Output(output_r, limits.max_output_bytes, on_over_cap=zygote.sandbox.kill_inside)
-    drain = threading.Thread(target=output.drain, daemon=True)
-    drain.start()
     overran = zygote.budget.is_overrun if zygote.budget is not None else lambda: False
-    lines, timed_out = _read_results(results_r, started + limits.wall_s, overran)
+    lines, timed_out = _read_results(results_r, output, started + limits.wall_s, overran)
+    output.drain()  # all it printed before the tests were over
     is_clean = not timed_out and not output.is_over_cap
-    if is_clean:
-        zygote.end_job()  # what the candidate still runs is of no use now
-    zygote_report = zygote.read_report(REPORT_WAIT_S) if is_clean else None
-    runner_report = runner.read_report(REPORT_WAIT_S) if is_clean else None
-    usage = zygote.budget.end_job() if zygote.budget is not None else None
-    is_left_clean = usage is None or usage.leftover_processes == 0
-    ZYGOTES.give_back(zygote, is_healthy=zygote_report is not None and is_left_clean)
-    RUNNERS.give_back(runner, is_healthy=runner_report is not None)
-    drain.join(timeout=5)
-    os.close(output_r)
-    reap_orphans()
-    if usage is not None:
+    finish = functools.partial(_finish_job, zygote, runner, output.fd, is_clean=is_clean)
+    if zygote.budget is None:  # the largest single process, in the zygote's report: all
+        report = finish()  # rlimits can tell, once the job is over
+        peak_mb, is_oom_killed = (report or {}).get("peak_rss_kib", 0) / 1024, False
+    else:  # the cgroup knows now; the job ends while the caller goes on
+        usage = zygote.budget.job_usage()
+        ZYGOTES.ending(zygote)
+        RUNNERS.ending(runner)
+        _FINISHER.submit(finish).add_done_callback(_log_failure)
         peak_mb, is_oom_killed = usage.peak_memory_mb, usage.is_oom_killed
-    else:  # the largest single process: all rlimits can tell
-        peak_mb, is_oom_killed = (zygote_report or {}).get("peak_rss_kib", 0) / 1024, False
     run = _Run(lines, timed_out, output, is_oom_killed)
     return _decide(run, time.monotonic() - started, peak_mb)
+
+
+def _finish_job(
+    zygote: WarmSandbox, runner: WarmSandbox, output_fd: int, *, is_clean: bool
+) -> dict[str, Any] | None:
+    """End the job (once its tests are over, what the candidate still runs is of no use),
+    pool both sandboxes again if they reported and nothing of the job is left, else close
+    them; the zygote's report."""
+    try:
+        if is_clean:
+            zygote.end_job()
+        zygote_report = zygote.read_report(REPORT_WAIT_S) if is_clean else None
+        runner_report = runner.read_report(REPORT_WAIT_S) if is_clean else None
+        is_left_clean = zygote.budget is None or zygote.budget.leftover_processes() == 0
+        ZYGOTES.give_back(zygote, is_healthy=zygote_report is not None and is_left_clean)
+        RUNNERS.give_back(runner, is_healthy=runner_report is not None)
+    finally:
+        os.close(output_fd)
+        reap_orphans()
+    return zygote_report
+
+
+def _log_failure(done: Future[Any]) -> None:
+    error = done.exception()
+    if error is not None:
+        log.error("sandbox: ending a job failed: %r", error)
 
 
 def _start(
@@ -161,11 +200,11 @@ def _candidate_limits(zygote: WarmSandbox, limits: Limits) -> dict[str, object]:
 
 
 def _read_results(
-    fd: int, deadline: float, overran: Callable[[], bool]
+    fd: int, output: _Output, deadline: float, overran: Callable[[], bool]
 ) -> tuple[list[dict[str, object]], bool]:
     """Result lines from the test side until it closes the pipe, the deadline passes (True)
     or the candidate overruns its memory budget: no test of it counts then, so waiting on
-    what the OOM killer spared would only let it stall."""
+    what the OOM killer spared would only let it stall. Drains `output` meanwhile."""
     buffer = b""
     lines: list[dict[str, object]] = []
     try:
@@ -173,9 +212,12 @@ def _read_results(
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return lines, True
-            ready, _, _ = select.select([fd], [], [], min(remaining, BUDGET_POLL_S))
-            if not ready:
-                if overran():
+            watched = [fd, output.fd] if output.is_open else [fd]
+            ready, _, _ = select.select(watched, [], [], min(remaining, BUDGET_POLL_S))
+            if output.fd in ready:
+                output.drain()
+            if fd not in ready:
+                if not ready and overran():
                     return lines, False
                 continue
             chunk = os.read(fd, 65536)

@@ -39,6 +39,8 @@ from flywheel.sandbox.process import (
 
 MODULES = ("literals.py", "syscalls.py")  # imported by the harness scripts from /harness
 BUDGET_REMOVE_WAIT_S = 2.0
+ENDING_WAIT_S = 0.1  # how long a borrower waits for a sandbox whose job is ending
+LENT_WAIT_S = 10.0  # how long closing a pool waits for sandboxes still ending a job
 READY_WAIT_S = 30.0  # a harness starts in ~20 ms; a loaded machine may take far longer
 # The long-lived processes do little themselves; each job gets the caller's limits.
 WARM_LIMITS = Limits(cpu_s=24 * 3600, memory_mb=1024, max_processes=64, max_open_files=256)
@@ -126,7 +128,8 @@ class WarmSandbox:
 
 
 class WarmPool:
-    """Idle warm sandboxes of one kind; one is borrowed per execution.
+    """Idle warm sandboxes of one kind; one is borrowed per execution, and given back once
+    its job has ended (which may be after the caller has its verdict).
 
     Sandboxes started under the unsafe-local override are never pooled, so a sandboxed run
     can never be handed an unsandboxed one.
@@ -135,29 +138,61 @@ class WarmPool:
     def __init__(self, script: str) -> None:
         self._script = script
         self._idle: list[WarmSandbox] = []
-        self._lock = threading.Lock()
+        self._lent = 0
+        self._ending: set[WarmSandbox] = set()  # lent, their job's verdict given, ending
+        self._returned = threading.Condition()
 
     def borrow(self) -> WarmSandbox:
         if is_unsafe_local():
             return _STARTER.submit(WarmSandbox, self._script, "unsafe").result()
         while True:
-            with self._lock:
+            with self._returned:
+                # A sandbox whose job is ending is back in milliseconds; a new one takes ~100.
+                self._returned.wait_for(lambda: self._idle or not self._ending, ENDING_WAIT_S)
                 warm = self._idle.pop() if self._idle else None
+                self._lent += 1
             if warm is None:
-                return _STARTER.submit(WarmSandbox, self._script, "sandboxed").result()
+                return self._start()
             if warm.is_alive:
                 return warm
-            warm.close()
+            self.give_back(warm, is_healthy=False)
+
+    def _start(self) -> WarmSandbox:
+        try:
+            return _STARTER.submit(WarmSandbox, self._script, "sandboxed").result()
+        except BaseException:
+            with self._returned:
+                self._lent -= 1
+                self._returned.notify_all()
+            raise
+
+    def ending(self, warm: WarmSandbox) -> None:
+        """`warm`'s job has its verdict; it will be given back once the job has ended."""
+        with self._returned:
+            self._ending.add(warm)
 
     def give_back(self, warm: WarmSandbox, *, is_healthy: bool) -> None:
-        if warm.is_unsafe or not is_healthy:
+        if warm.is_unsafe:
             warm.close()
             return
-        with self._lock:
-            self._idle.append(warm)
+        if not is_healthy:
+            warm.close()
+        with self._returned:
+            self._lent -= 1
+            self._ending.discard(warm)
+            if is_healthy:
+                self._idle.append(warm)
+            self._returned.notify_all()
+
+    def wait_returned(self, wait_s: float = LENT_WAIT_S) -> bool:
+        """Wait up to `wait_s` for every lent sandbox to be given back (its job ended)."""
+        with self._returned:
+            return self._returned.wait_for(lambda: self._lent == 0, timeout=wait_s)
 
     def close(self) -> None:
-        with self._lock:
+        """Close the idle sandboxes, once the lent ones are back (or LENT_WAIT_S passed)."""
+        self.wait_returned()
+        with self._returned:
             idle, self._idle = self._idle, []
         for warm in idle:
             with contextlib.suppress(OSError):

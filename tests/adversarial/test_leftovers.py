@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flywheel.sandbox import run_tests
-from flywheel.sandbox.warm import RUNNERS, ZYGOTES
+from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmSandbox
 from tests.adversarial.host import SANDBOX_UID_MIN
 
 TESTS = "from solution import add\n\ndef test_add():\n    assert add(2, 3) == 5, add(2, 3)\n"
@@ -77,17 +77,23 @@ def keys_of_sandbox_uids() -> list[str]:
     ]
 
 
+def idle_zygotes() -> list[WarmSandbox]:
+    """The idle zygotes, once the last job's is back (a job ends after its verdict)."""
+    assert ZYGOTES.wait_returned()
+    return list(ZYGOTES._idle)
+
+
 def test_a_poisoner_leaves_nothing_for_the_next_candidates() -> None:
     RUNNERS.close()
     ZYGOTES.close()
 
     assert run_tests(POISONER, TESTS, entry_point="add").is_passed
-    zygote = list(ZYGOTES._idle)  # type: ignore[attr-defined]
+    zygote = idle_zygotes()
     assert len(zygote) == 1  # the same warm sandbox serves the honest candidates next
     for _ in range(2):
         verdict = run_tests(READER, TESTS, entry_point="add")
         assert verdict.is_passed, verdict.tests[0].message
-    assert list(ZYGOTES._idle) == zygote  # type: ignore[attr-defined]
+        assert idle_zygotes() == zygote
     assert keys_of_sandbox_uids() == []
 
 
@@ -96,11 +102,11 @@ def test_a_poisoners_memory_is_freed_with_its_job() -> None:
     RUNNERS.close()
     ZYGOTES.close()
     assert run_tests("def add(a, b):\n    return a + b\n", TESTS, entry_point="add").is_passed
-    (zygote,) = ZYGOTES._idle  # type: ignore[attr-defined]
+    (zygote,) = idle_zygotes()
     assert zygote.budget is not None
     idle_bytes = zygote.budget._memory_usage()
 
     assert run_tests(POISONER, TESTS, entry_point="add").is_passed
 
-    assert list(ZYGOTES._idle) == [zygote]  # type: ignore[attr-defined]
+    assert idle_zygotes() == [zygote]
     assert zygote.budget._memory_usage() < idle_bytes + 2**20

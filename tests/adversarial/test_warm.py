@@ -5,14 +5,16 @@ from __future__ import annotations
 import threading
 
 from flywheel.sandbox import Limits, run_tests
-from flywheel.sandbox.warm import RUNNERS, ZYGOTES
+from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmPool
 
 SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = "from solution import add\n\ndef test_add():\n    assert add(2, 2) == 4\n"
 
 
-def idle(pool: object) -> list[object]:
-    return list(pool._idle)  # type: ignore[attr-defined]
+def idle(pool: WarmPool) -> list[object]:
+    """The pool's idle sandboxes, once the last job's are back (jobs end after the verdict)."""
+    assert pool.wait_returned()
+    return list(pool._idle)
 
 
 def test_sandboxes_outlive_the_thread_that_started_them() -> None:

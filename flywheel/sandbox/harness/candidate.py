@@ -191,34 +191,29 @@ def close_all_but(keep):
 def reap(child, control, deadline):
     """Wait for the job to exit, and end it early when the host says its tests are over (a
     byte on the control socket; a candidate is of no more use then) or at the deadline.
-    Returns its peak resident memory in KiB once the host has said the job is over."""
-    is_over = False
-    while True:
-        pid, _, usage = os.wait4(child, os.WNOHANG)
-        if pid:
-            break
-        if is_over or time.monotonic() > deadline:
-            usage = stop(child)
-            break
-        if select.select([control], [], [], 0.002)[0]:
+    Returns its peak resident memory in KiB once the host has said the job is over. Waits
+    wake on the child's pidfd and the socket, never on a polling interval."""
+    exited = os.pidfd_open(child)
+    try:
+        ready = select.select([exited, control], [], [], max(deadline - time.monotonic(), 0))[0]
+        is_over = control in ready
+        if is_over:
             control.recv(1)  # one byte, or b"" if the host closed the socket: over either way
-            is_over = True
+        # Stopped unless it has exited: told to stop, or out of time.
+        usage = os.wait4(child, 0)[2] if exited in ready else stop(child, exited)
+    finally:
+        os.close(exited)
     if not is_over:
         control.recv(1)  # the host always says so (or closes the socket)
     return usage.ru_maxrss
 
 
-def stop(child):
+def stop(child, exited):
     """Ask the job's middle process to kill its pid 1 and wait for the whole namespace to
     go (so nothing of the job is left when this returns); kill it outright if it cannot."""
     os.kill(child, signal.SIGTERM)
-    deadline = time.monotonic() + STOP_GRACE_S
-    while time.monotonic() < deadline:
-        pid, _, usage = os.wait4(child, os.WNOHANG)
-        if pid:
-            return usage
-        time.sleep(0.002)
-    os.kill(child, signal.SIGKILL)  # its pid-1 child dies by PDEATHSIG, and all with it
+    if not select.select([exited], [], [], STOP_GRACE_S)[0]:
+        os.kill(child, signal.SIGKILL)  # its pid-1 child dies by PDEATHSIG, and all with it
     return os.wait4(child, 0)[2]
 
 

@@ -260,15 +260,16 @@ def serve(control):
 
 
 def reap(child, deadline):
-    while True:
-        pid, _ = os.waitpid(child, os.WNOHANG)
-        if pid:
-            return
-        if time.monotonic() > deadline:
+    """Wait for the job's child to exit (woken by its pidfd, not by polling), killing it at
+    the deadline."""
+    exited = os.pidfd_open(child)
+    try:
+        remaining = deadline - time.monotonic()
+        if not select.select([exited], [], [], max(remaining, 0.0))[0]:
             os.kill(child, signal.SIGKILL)
-            os.waitpid(child, 0)
-            return
-        time.sleep(0.002)
+        os.waitpid(child, 0)
+    finally:
+        os.close(exited)
 
 
 def main():
