@@ -32,7 +32,7 @@ from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmSandbox
 REPORT_WAIT_S = 2.0  # how long a warm sandbox may take to report a finished job
 # The sandboxes kill a job this long after our own wall clock: ours decides, theirs is a backstop.
 BACKSTOP_S = 1.0
-BUDGET_POLL_S = 0.05  # how often a running job's cgroup is checked for an OOM kill
+BUDGET_POLL_S = 0.01  # how often a running job's cgroup is checked for an OOM kill
 # Ends jobs off the caller's path: stopping what the candidate still runs, reading both
 # sandboxes' reports and pooling them again take milliseconds no verdict depends on.
 _FINISHER = ThreadPoolExecutor(8, thread_name_prefix="flywheel-sandbox-finish")
@@ -114,6 +114,9 @@ def run_tests(
         peak_mb, is_oom_killed = (report or {}).get("peak_rss_kib", 0) / 1024, False
     else:  # the cgroup knows now; the job ends while the caller goes on
         usage = zygote.budget.job_usage()
+        if usage.is_oom_killed:  # all of the sandbox stalls in reclaim at its limit: kill
+            zygote.sandbox.kill_inside()  # it now, rather than ask its zygote to stop the job
+            finish = functools.partial(finish, is_clean=False)
         ZYGOTES.ending(zygote)
         RUNNERS.ending(runner)
         _FINISHER.submit(finish).add_done_callback(_log_failure)
