@@ -36,6 +36,17 @@ def test_sandboxes_outlive_the_thread_that_started_them() -> None:
     assert idle(ZYGOTES) + idle(RUNNERS) == warm  # the same two, reused
 
 
+def test_back_to_back_jobs_reuse_the_sandboxes_whose_jobs_are_ending() -> None:
+    """A job ends after its verdict; the next borrower waits for it rather than start more."""
+    RUNNERS.close()
+    ZYGOTES.close()
+    for _ in range(10):
+        assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
+
+    assert len(idle(ZYGOTES)) == 1
+    assert len(idle(RUNNERS)) == 1
+
+
 def test_a_timed_out_job_discards_its_sandboxes() -> None:
     assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
     before = idle(ZYGOTES) + idle(RUNNERS)
