@@ -110,7 +110,7 @@ def test_runs_of_one_type_encode_as_single_values_do() -> None:
     long = list(range(2 * literals.RUN_LENGTH + 3)) + ["s"] * literals.RUN_LENGTH + mixed
 
     assert literals.encode([3, 4, "a", None]) == '["l",4,"i","3","i","4","s","a","N",null]'
-    assert same(literals.decode(literals.encode(long)), long[:-1] + [1])
+    assert same(literals.decode(literals.encode(long)), [*long[:-1], 1])
 
 
 def test_a_value_built_by_doubling_one_part_is_refused_without_walking_it() -> None:
