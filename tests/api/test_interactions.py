@@ -355,3 +355,21 @@ def test_a_page_is_built_off_the_event_loop(
     assert not event.was_held_to_the_end, "the page was serialised on the event loop"
     assert response.status_code == 200, response.text
     assert response.json()["feedback"][0]["value"] == {"stars": 5}
+
+
+def test_events_stored_while_paging_come_once_after_the_cursor(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    interaction_id = create_interaction(client, acme)
+    add_feedback(sessions, acme, interaction_id, 150)
+    first = client.get(f"/v1/interactions/{interaction_id}", headers=acme.headers).json()
+    stored = add_feedback(sessions, acme, interaction_id, 50)  # now 200, the new ones last
+
+    rest = client.get(
+        f"/v1/interactions/{interaction_id}/feedback",
+        params={"cursor": first["next_cursor"], "limit": pages.MAX_PAGE_EVENTS},
+        headers=acme.headers,
+    ).json()
+
+    assert ids(first["feedback"]) + ids(rest["items"]) == stored
+    assert rest["next_cursor"] is None
