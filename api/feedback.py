@@ -5,8 +5,9 @@ from __future__ import annotations
 import uuid
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, Header, Request, Response
+from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from pydantic import BaseModel
+from sqlalchemy.orm import Session
 
 from api.auth import require
 from api.database import in_transaction
@@ -16,13 +17,14 @@ from api.schemas import (
     FeedbackBatchCreated,
     FeedbackCreate,
     FeedbackCreated,
+    FeedbackPage,
     FeedbackRead,
     InteractionCreate,
     InteractionCreated,
-    InteractionRead,
+    InteractionWithFeedback,
     ModelRead,
 )
-from flywheel.feedback import service
+from flywheel.feedback import pages, service
 from flywheel.feedback.values import as_json
 from flywheel.tenancy.service import Principal, Scope
 
@@ -39,6 +41,17 @@ IdempotencyKey = Annotated[
         pattern=r"^[A-Za-z0-9_.:-]{1,200}$",
         description="Replays the first response for the same request; 409 for a different one.",
     ),
+]
+Cursor = Annotated[
+    str | None,
+    Query(
+        max_length=512,
+        pattern=r"^[A-Za-z0-9_-]+$",
+        description="The `next_cursor` of the interaction read or of the last page.",
+    ),
+]
+PageLimit = Annotated[
+    int, Query(ge=1, le=pages.MAX_PAGE_EVENTS, description="Events per page (at most 500).")
 ]
 Writer = Annotated[Principal, Depends(require(Scope.FEEDBACK_WRITE))]
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
@@ -74,40 +87,34 @@ async def create_interaction(
     return _created_response(request, created, [recorded])
 
 
-@router.get("/interactions/{interaction_id}", responses=ERRORS)
+@router.get(
+    "/interactions/{interaction_id}", response_model=InteractionWithFeedback, responses=ERRORS
+)
 async def read_interaction(
     interaction_id: uuid.UUID, request: Request, principal: Reader
-) -> InteractionRead:
-    interaction, domain, feedback = await in_transaction(
+) -> Response:
+    return await in_transaction(
+        request, _interaction_json, tenant_id=principal.tenant_id, interaction_id=interaction_id
+    )
+
+
+@router.get(
+    "/interactions/{interaction_id}/feedback", response_model=FeedbackPage, responses=ERRORS
+)
+async def list_feedback(
+    interaction_id: uuid.UUID,
+    request: Request,
+    principal: Reader,
+    cursor: Cursor = None,
+    limit: PageLimit = pages.FIRST_PAGE_EVENTS,
+) -> Response:
+    return await in_transaction(
         request,
-        service.get_interaction,
+        _feedback_page_json,
         tenant_id=principal.tenant_id,
         interaction_id=interaction_id,
-    )
-    return InteractionRead(
-        id=interaction.id,
-        domain=domain,
-        messages=interaction.messages,
-        response=interaction.response,
-        model=ModelRead(
-            name=interaction.model_name,
-            version=interaction.model_version,
-            adapter=interaction.adapter,
-        ),
-        session_id=interaction.session_id,
-        metadata=interaction.metadata_,
-        created_at=interaction.created_at,
-        feedback=[
-            FeedbackRead(
-                id=event.id,
-                kind=event.kind,
-                value=event.value,
-                rater=event.rater,
-                event_id=event.event_id,
-                created_at=event.created_at,
-            )
-            for event in feedback
-        ],
+        cursor=cursor,
+        limit=limit,
     )
 
 
@@ -146,6 +153,59 @@ async def create_feedback_batch(
     )
     created = FeedbackBatchCreated(results=[_created(item) for item in recorded])
     return _created_response(request, created, recorded)
+
+
+def _interaction_json(
+    *, session: Session, tenant_id: uuid.UUID, interaction_id: uuid.UUID
+) -> Response:
+    """Read and serialise in the request's worker thread: the event loop never builds a page."""
+    interaction, domain, page = pages.get_interaction(
+        session=session, tenant_id=tenant_id, interaction_id=interaction_id
+    )
+    body = InteractionWithFeedback(
+        id=interaction.id,
+        domain=domain,
+        messages=interaction.messages,
+        response=interaction.response,
+        model=ModelRead(
+            name=interaction.model_name,
+            version=interaction.model_version,
+            adapter=interaction.adapter,
+        ),
+        session_id=interaction.session_id,
+        metadata=interaction.metadata_,
+        created_at=interaction.created_at,
+        feedback=_feedback_reads(page),
+        next_cursor=page.next_cursor,
+    )
+    return _json(body)
+
+
+def _feedback_page_json(
+    *,
+    session: Session,
+    tenant_id: uuid.UUID,
+    interaction_id: uuid.UUID,
+    cursor: str | None,
+    limit: int,
+) -> Response:
+    """A page of `pages.list_feedback`, serialised in the request's worker thread."""
+    page = pages.list_feedback(
+        session=session,
+        tenant_id=tenant_id,
+        interaction_id=interaction_id,
+        cursor=cursor,
+        limit=limit,
+    )
+    return _json(FeedbackPage(items=_feedback_reads(page), next_cursor=page.next_cursor))
+
+
+def _feedback_reads(page: pages.EventPage) -> list[FeedbackRead]:
+    return [FeedbackRead.model_validate(event, from_attributes=True) for event in page.events]
+
+
+def _json(body: BaseModel) -> Response:
+    return Response(body.model_dump_json(), media_type="application/json")
 
 
 def _created(recorded: service.Recorded) -> FeedbackCreated:

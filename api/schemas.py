@@ -268,3 +268,21 @@ class PromoteCreate(StrictModel):
 class RollbackCreate(StrictModel):
     to: str | None = Field(default=None, min_length=1, max_length=32)
     reason: str = Field(default="", max_length=2000)
+
+
+class FeedbackPage(BaseModel):
+    """A page of an interaction's feedback, oldest first (by `created_at`, then `id`)."""
+
+    items: list[FeedbackRead]
+    next_cursor: str | None = Field(
+        description="Opaque: pass as `cursor` for the next page; null when there is no more."
+    )
+
+
+class InteractionWithFeedback(InteractionRead):
+    """The interaction with the first page of its feedback (`feedback`, at most 100 events)."""
+
+    next_cursor: str | None = Field(
+        description="Opaque: pass as `cursor` to `GET /v1/interactions/{id}/feedback` for the "
+        "rest of the feedback; null when `feedback` holds all of it."
+    )

@@ -2,7 +2,7 @@
 
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.db import Base
-from flywheel.feedback.models import FeedbackEvent, ForgetRequest, Interaction
+from flywheel.feedback.models import FeedbackBatch, FeedbackEvent, ForgetRequest, Interaction
 from flywheel.registry.models import ModelVersion, PromotionEvent, Run
 from flywheel.scheduling.models import ScheduledCycle
 from flywheel.signals.models import (
@@ -21,6 +21,7 @@ __all__ = [
     "DatasetMember",
     "DatasetVersion",
     "Domain",
+    "FeedbackBatch",
     "FeedbackEvent",
     "ForgetRequest",
     "IngestRun",

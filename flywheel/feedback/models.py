@@ -54,7 +54,8 @@ class FeedbackEvent(IdMixin, Base):
             "kind IN (" + ", ".join(f"'{kind}'" for kind in FEEDBACK_KINDS) + ")", name="kind"
         ),
         Index(None, "tenant_id", "domain_id", "created_at"),
-        Index(None, "interaction_id"),
+        # An interaction's feedback is read in pages ordered by (created_at, id).
+        Index(None, "interaction_id", "created_at", "id"),
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -69,6 +70,21 @@ class FeedbackEvent(IdMixin, Base):
     rater: Mapped[str | None] = mapped_column(String(255))
     event_id: Mapped[str | None] = mapped_column(String(255))
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
+    request_sha256: Mapped[str] = mapped_column(String(64))
+
+
+class FeedbackBatch(IdMixin, Base):
+    """A batch sent under an `Idempotency-Key`: the key fingerprints the whole request.
+
+    Its events are stored under `<key>#<index>`; this row holds the hash of the batch's
+    canonical JSON, so a replay with any event added, removed or changed is a Conflict.
+    """
+
+    __tablename__ = "feedback_batches"
+    __table_args__ = (UniqueConstraint("tenant_id", "idempotency_key"),)
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    idempotency_key: Mapped[str] = mapped_column(String(255))
     request_sha256: Mapped[str] = mapped_column(String(64))
 
 

@@ -23,6 +23,7 @@ from sqlalchemy.orm import Session
 from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.db import Base, utcnow
 from flywheel.errors import Conflict, InvalidInput, NotFound
+from flywheel.feedback import batches
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.feedback.values import FeedbackCreate, Message, as_json
 from flywheel.tenancy.models import Domain
@@ -92,7 +93,7 @@ def messages_or_prompt(messages: list[Message] | None, prompt: str | None) -> li
     return [Message(role="user", content=prompt)]
 
 
-def request_fingerprint(item: NewInteraction | NewFeedback) -> str:
+def request_fingerprint(item: NewInteraction | NewFeedback | Sequence[NewFeedback]) -> str:
     """SHA-256 of the request's canonical JSON: equal requests, equal fingerprints.
 
     Stored with every row to recognise replays: changing this encoding makes stored rows
@@ -127,25 +128,6 @@ def record_interaction(
         raise NotFound(f"domain {new.domain!r} not found")
     _check_same_request(first, row["request_sha256"], idempotency_key, None)
     return Recorded(id=first.id, domain=new.domain, created_at=first.created_at, is_replay=True)
-
-
-def get_interaction(
-    *, session: Session, tenant_id: uuid.UUID, interaction_id: uuid.UUID
-) -> tuple[Interaction, str, list[FeedbackEvent]]:
-    """The interaction, its domain's name and its feedback; NotFound for another tenant's id."""
-    found = session.execute(
-        select(Interaction, Domain.name)
-        .join(Domain, Domain.id == Interaction.domain_id)
-        .where(Interaction.id == interaction_id, Interaction.tenant_id == tenant_id)
-    ).one_or_none()
-    if found is None:
-        raise NotFound(f"interaction {interaction_id} not found")
-    feedback = session.scalars(
-        select(FeedbackEvent)
-        .where(FeedbackEvent.interaction_id == interaction_id, FeedbackEvent.tenant_id == tenant_id)
-        .order_by(FeedbackEvent.created_at)
-    )
-    return found[0], found[1], list(feedback)
 
 
 def record_feedback(
@@ -205,8 +187,9 @@ def record_feedback_batch(
 ) -> list[Recorded]:
     """Record many events in bulk, or none: every event is checked before any is written.
 
-    With a batch idempotency key K, event i is stored under `K#i`, so replaying the batch
-    replays every event and a changed batch under the same key is a Conflict.
+    A batch idempotency key K fingerprints the whole batch (`batches.claim_batch_key`), so
+    the same key with any event added, removed or changed is a Conflict; event i is stored
+    under `K#i`, so replaying the batch replays every event (same ids) and writes nothing.
     """
     resolved = _resolve_targets(session, tenant_id, events)
     if resolved.errors:
@@ -214,9 +197,16 @@ def record_feedback_batch(
             f"{len(resolved.errors)} of {len(events)} events are invalid; nothing was written",
             details=resolved.errors,
         )
-    keys = [
-        f"{idempotency_key}#{index}" if idempotency_key else None for index in range(len(events))
-    ]
+    keys: list[str | None] = [None] * len(events)
+    if idempotency_key is not None:
+        batches.claim_batch_key(
+            session,
+            tenant_id=tenant_id,
+            idempotency_key=idempotency_key,
+            request_sha256=request_fingerprint(events),
+            event_count=len(events),
+        )
+        keys = [f"{idempotency_key}#{index}" for index in range(len(events))]
     return _record_resolved(
         session=session, tenant_id=tenant_id, events=events, targets=resolved, idempotency_keys=keys
     )

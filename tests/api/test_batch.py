@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -143,3 +145,74 @@ def test_batch_with_a_conflicting_event_id_writes_nothing(
 
     assert response.status_code == 409
     assert count_rows(sessions, "feedback_events") == 1
+
+
+# The batch's Idempotency-Key fingerprints the whole batch, not each event.
+
+BATCH_CHANGES: dict[str, Callable[[list[dict[str, Any]]], list[dict[str, Any]]]] = {
+    "appended": lambda events: [*events, rating(3)],
+    "removed": lambda events: events[:-1],
+    "edited": lambda events: [events[0], {**events[1], "value": {"thumbs": "down"}}, events[2]],
+    "reordered": lambda events: [events[1], events[0], events[2]],
+}
+
+
+def stored_ids(sessions: sessionmaker[Session]) -> set[str]:
+    with sessions() as session:
+        return {str(event_id) for event_id in session.scalars(select(FeedbackEvent.id))}
+
+
+@pytest.mark.parametrize("change", list(BATCH_CHANGES))
+def test_a_changed_batch_under_the_same_key_is_409_and_writes_nothing(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], change: str
+) -> None:
+    events = [rating(i) for i in range(3)]
+    headers = {**acme.headers, "Idempotency-Key": "batch-1"}
+    first = client.post("/v1/feedback/batch", json={"events": events}, headers=headers)
+    assert first.status_code == 201, first.text
+
+    changed = client.post(
+        "/v1/feedback/batch", json={"events": BATCH_CHANGES[change](events)}, headers=headers
+    )
+
+    assert changed.status_code == 409, changed.text
+    assert changed.json()["error"]["code"] == "conflict"
+    assert "Idempotency-Key" in changed.json()["error"]["message"]
+    assert stored_ids(sessions) == {item["id"] for item in first.json()["results"]}
+    assert count_rows(sessions, "feedback_batches") == 1
+
+
+def test_an_exact_batch_replay_returns_the_first_response(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    events = [rating(i) for i in range(3)]
+    headers = {**acme.headers, "Idempotency-Key": "batch-1"}
+    first = client.post("/v1/feedback/batch", json={"events": events}, headers=headers)
+    # the same request, spelled differently: canonical JSON ignores key order
+    respelled = [dict(reversed(list(event.items()))) for event in events]
+
+    replay = client.post("/v1/feedback/batch", json={"events": respelled}, headers=headers)
+
+    assert (first.status_code, replay.status_code) == (201, 201)
+    assert replay.json() == first.json()
+    assert replay.headers["Idempotent-Replayed"] == "true"
+    assert stored_ids(sessions) == {item["id"] for item in first.json()["results"]}
+    assert count_rows(sessions, "feedback_batches") == 1
+
+
+def test_batch_keys_are_scoped_per_tenant(
+    client: TestClient, acme: Caller, globex: Caller, sessions: sessionmaker[Session]
+) -> None:
+    key = {"Idempotency-Key": "batch-1"}
+    ours = client.post(
+        "/v1/feedback/batch", json={"events": [rating(0)]}, headers={**acme.headers, **key}
+    )
+    theirs = client.post(
+        "/v1/feedback/batch",
+        json={"events": [rating(0), rating(1)]},
+        headers={**globex.headers, **key},
+    )
+
+    assert (ours.status_code, theirs.status_code) == (201, 201)
+    assert count_rows(sessions, "feedback_events") == 3
+    assert count_rows(sessions, "feedback_batches") == 2

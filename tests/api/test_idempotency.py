@@ -7,6 +7,7 @@ import uuid
 
 import pytest
 from fastapi.testclient import TestClient
+from sqlalchemy import text
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import unit_of_work
@@ -173,3 +174,79 @@ def test_concurrent_different_bodies_one_wins_others_conflict(
     assert count_rows(sessions, "feedback_events") == 1
     assert outcomes.count("written") >= 1
     assert len(outcomes) == writers
+
+
+def forget_batch_fingerprints(sessions: sessionmaker[Session]) -> None:
+    """What a batch stored before batches were fingerprinted looks like: its events under
+    `<key>#<index>`, no `feedback_batches` row."""
+    with unit_of_work(sessions) as session:
+        session.execute(text("DELETE FROM feedback_batches"))
+
+
+@pytest.mark.parametrize(
+    ("change", "status"), [("appended", 409), ("removed", 409), ("edited", 409), ("none", 201)]
+)
+def test_a_batch_stored_before_fingerprints_is_still_checked(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], change: str, status: int
+) -> None:
+    events = [{**RATING, "value": {"stars": stars}} for stars in (1, 2, 3)]
+    headers = {**acme.headers, "Idempotency-Key": "old-batch"}
+    first = client.post("/v1/feedback/batch", json={"events": events}, headers=headers)
+    assert first.status_code == 201, first.text
+    forget_batch_fingerprints(sessions)
+    sent = {
+        "appended": [*events, {**RATING, "value": {"stars": 4}}],
+        "removed": events[:2],
+        "edited": [events[0], events[1], {**RATING, "value": {"stars": 5}}],
+        "none": events,
+    }[change]
+
+    again = client.post("/v1/feedback/batch", json={"events": sent}, headers=headers)
+
+    assert again.status_code == status, again.text
+    assert count_rows(sessions, "feedback_events") == 3
+    if status == 201:
+        assert again.json() == first.json()
+        assert count_rows(sessions, "feedback_batches") == 1  # fingerprinted from now on
+    else:
+        assert again.json()["error"]["code"] == "conflict"
+        assert count_rows(sessions, "feedback_batches") == 0
+
+
+@pytest.mark.postgres_only
+@pytest.mark.commits("writers race from threads, each in its own transaction")
+def test_concurrent_batches_under_one_key_one_wins_others_conflict(
+    acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    """Writers race with prefixes of one batch (a truncated or an appended resend): the
+    winner's events are stored, every other batch is a Conflict that writes nothing."""
+    writers = 4
+    barrier = threading.Barrier(writers)
+    outcomes: dict[int, str] = {}
+    events = [rating_event(stars) for stars in (1, 2, 3, 4)]
+
+    def write(length: int) -> None:
+        with unit_of_work(sessions) as session:
+            barrier.wait()
+            try:
+                service.record_feedback_batch(
+                    session=session,
+                    tenant_id=acme.tenant_id,
+                    events=events[:length],
+                    idempotency_key="race",
+                )
+                outcomes[length] = "written"
+            except Conflict:
+                outcomes[length] = "conflict"
+
+    threads = [threading.Thread(target=write, args=(length,)) for length in range(1, 5)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+
+    written = [length for length, outcome in outcomes.items() if outcome == "written"]
+    assert len(outcomes) == writers
+    assert len(written) == 1
+    assert count_rows(sessions, "feedback_events") == written[0]
+    assert count_rows(sessions, "feedback_batches") == 1
