@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -61,6 +63,8 @@ def serve(
     """Run the REST API (uvicorn) until interrupted."""
     import uvicorn  # imported here: only this command needs the server
 
+    from flywheel.serving import BoundedHttpToolsProtocol, ServerLimits
+
     current = settings()
     engine = make_engine(current)
     try:
@@ -74,6 +78,7 @@ def serve(
     emit(data, as_json=as_json, text=f"serving {url} with {workers} worker(s); Ctrl-C stops")
     from uvicorn.config import LOGGING_CONFIG
 
+    limits = ServerLimits.from_settings(current)
     # By import string: flywheel never imports api; uvicorn loads it in each worker.
     uvicorn.run(
         "api.app:create_app",
@@ -81,6 +86,9 @@ def serve(
         host=host,
         port=port,
         workers=workers,
+        http=BoundedHttpToolsProtocol,  # head caps, deadlines and the connection cap
+        ws="none",  # the API has no WebSocket routes: an upgrade would leave those bounds
+        timeout_keep_alive=math.ceil(limits.idle_timeout_s),  # uvicorn's own, never sooner
         log_config=json_log_config() if as_json else LOGGING_CONFIG,  # JSON lines with --json
     )
 
