@@ -12,6 +12,7 @@ from flywheel.cli.common import JsonOption, emit, settings
 from flywheel.db import make_engine
 from flywheel.errors import InvalidState
 from flywheel.observability import json_log_config
+from flywheel.settings import Settings
 
 db = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 
@@ -61,10 +62,6 @@ def serve(
     as_json: bool = JsonOption,
 ) -> None:
     """Run the REST API (uvicorn) until interrupted."""
-    import uvicorn  # imported here: only this command needs the server
-
-    from flywheel.serving import BoundedHttpToolsProtocol, ServerLimits
-
     current = settings()
     engine = make_engine(current)
     try:
@@ -76,7 +73,14 @@ def serve(
     url = f"http://{host}:{port}"
     data = {"url": url, "workers": workers, "revision": revision}
     emit(data, as_json=as_json, text=f"serving {url} with {workers} worker(s); Ctrl-C stops")
+    _run_uvicorn(current, host, port, workers, as_json=as_json)
+
+
+def _run_uvicorn(current: Settings, host: str, port: int, workers: int, *, as_json: bool) -> None:
+    import uvicorn  # imported here: only this command needs the server
     from uvicorn.config import LOGGING_CONFIG
+
+    from flywheel.serving import BoundedHttpToolsProtocol, ServerLimits
 
     limits = ServerLimits.from_settings(current)
     # By import string: flywheel never imports api; uvicorn loads it in each worker.
