@@ -237,6 +237,42 @@ def test_a_head_at_the_limits_is_served(server: Server) -> None:
     assert reply.status == 200, reply.raw[:300]
 
 
+def _head_of(length: int) -> bytes:
+    """A GET /healthz head of exactly `length` bytes, in headers of 4000 bytes or less."""
+    head = b"GET /healthz HTTP/1.1\r\nHost: t\r\n"
+    while len(head) + 2 < length:
+        room = length - 2 - len(head) - len(b"X-Pad: \r\n")
+        head += b"X-Pad: " + b"a" * max(1, min(4000, room)) + b"\r\n"
+    return head + b"\r\n"
+
+
+@pytest.mark.parametrize(("extra", "status"), [(0, 200), (1, 431)])
+def test_the_head_cap_is_exact(server: Server, extra: int, status: int) -> None:
+    head = _head_of(MAX_HEAD_BYTES + extra)
+    assert len(head) == MAX_HEAD_BYTES + extra
+    with _connect(server) as sock:
+        _send(sock, head)
+        reply = _reply(sock, timeout_s=5)
+
+    assert reply.status == status, reply.raw[:300]
+
+
+def test_pipelined_requests_are_all_answered_then_the_connection_idles_out(
+    server: Server,
+) -> None:
+    request = b"GET /healthz HTTP/1.1\r\nHost: t\r\n\r\n"
+    with _connect(server) as sock:
+        _send(sock, request * 3)
+        raw = b""
+        while raw.count(b"HTTP/1.1 200") < 3:
+            chunk = sock.recv(65536)
+            assert chunk, f"closed after {raw.count(b'HTTP/1.1 200')} answers"
+            raw += chunk
+        elapsed = _closed_after(sock, timeout_s=IDLE_TIMEOUT_S + SLACK_S)
+
+    assert elapsed is not None
+
+
 def _stream_unfinished_head(server: Server, seconds: float, closed: list[bool]) -> None:
     """Stream one endless header for `seconds` (32 MiB at most); record whether the server
     closed the connection (a server that stops reading has not closed it)."""
