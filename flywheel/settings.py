@@ -8,7 +8,8 @@ from croniter import croniter
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-MIB = 1024 * 1024
+KIB = 1024
+MIB = 1024 * KIB
 
 
 class Settings(BaseSettings):
@@ -82,6 +83,34 @@ class Settings(BaseSettings):
     )
 
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")
+
+    # What `flywheel serve` bounds per connection, before the app sees a request (per process).
+    max_head_bytes: int = Field(
+        default=32 * KIB,
+        ge=1024,
+        description="Request line and headers together: past it, 431 and the connection closed.",
+    )
+    max_header_bytes: int = Field(
+        default=8 * KIB, ge=256, description="One header, name and value together (431 past it)."
+    )
+    max_headers: int = Field(default=100, ge=1, description="Headers per request (431 past it).")
+    header_read_timeout_s: float = Field(
+        default=10.0, gt=0, description="A request head begun must be complete within this."
+    )
+    body_read_timeout_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="A request body must arrive in full within this of its head (408 or cut).",
+    )
+    idle_timeout_s: float = Field(
+        default=5.0,
+        gt=0,
+        description="A connection that starts no request this long (after connecting or a "
+        "response) is closed.",
+    )
+    max_connections: int = Field(
+        default=1000, ge=1, description="Open connections per server process (503 past it)."
+    )
     rate_limit_per_s: float = Field(
         default=50.0, gt=0, description="Sustained requests per second per API key (per process)."
     )

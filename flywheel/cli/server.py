@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import typer
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -10,6 +12,7 @@ from flywheel.cli.common import JsonOption, emit, settings
 from flywheel.db import make_engine
 from flywheel.errors import InvalidState
 from flywheel.observability import json_log_config
+from flywheel.settings import Settings
 
 db = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 
@@ -59,8 +62,6 @@ def serve(
     as_json: bool = JsonOption,
 ) -> None:
     """Run the REST API (uvicorn) until interrupted."""
-    import uvicorn  # imported here: only this command needs the server
-
     current = settings()
     engine = make_engine(current)
     try:
@@ -72,8 +73,16 @@ def serve(
     url = f"http://{host}:{port}"
     data = {"url": url, "workers": workers, "revision": revision}
     emit(data, as_json=as_json, text=f"serving {url} with {workers} worker(s); Ctrl-C stops")
+    _run_uvicorn(current, host, port, workers, as_json=as_json)
+
+
+def _run_uvicorn(current: Settings, host: str, port: int, workers: int, *, as_json: bool) -> None:
+    import uvicorn  # imported here: only this command needs the server
     from uvicorn.config import LOGGING_CONFIG
 
+    from flywheel.serving import BoundedHttpToolsProtocol, ServerLimits
+
+    limits = ServerLimits.from_settings(current)
     # By import string: flywheel never imports api; uvicorn loads it in each worker.
     uvicorn.run(
         "api.app:create_app",
@@ -81,6 +90,9 @@ def serve(
         host=host,
         port=port,
         workers=workers,
+        http=BoundedHttpToolsProtocol,  # head caps, deadlines and the connection cap
+        ws="none",  # the API has no WebSocket routes: an upgrade would leave those bounds
+        timeout_keep_alive=math.ceil(limits.idle_timeout_s),  # uvicorn's own, never sooner
         log_config=json_log_config() if as_json else LOGGING_CONFIG,  # JSON lines with --json
     )
 
