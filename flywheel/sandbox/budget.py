@@ -64,7 +64,10 @@ class Budget:
         self._baseline_bytes = 0
         self._baseline_processes = 0
         self._oom_kills = 0
-        self._limited_to: tuple[int, int] | None = None
+        self._limited_to: tuple[int, int, int] | None = None
+        self.held_processes = 0
+        """Processes the sandbox keeps between jobs on purpose (a child made ready for the
+        next job), as it last reported them: never a job's leftovers."""
 
     def enter(self) -> None:
         """Move the calling process into this budget (called between fork and exec)."""
@@ -75,30 +78,32 @@ class Budget:
             finally:
                 os.close(fd)
 
-    def start_job(self, limits: Limits) -> None:
-        """Limit the sandbox to its idle use plus the job's memory and processes, and start
-        counting the job's peak memory and OOM kills."""
+    def start_job(self, limits: Limits, *, extra_processes: int = 0) -> None:
+        """Limit the sandbox to its idle use plus the job's memory and processes (and
+        `extra_processes` the sandbox itself starts meanwhile), and start counting the job's
+        peak memory and OOM kills."""
         self._baseline_bytes = self._memory_usage()
         self._oom_kills = self._oom_kill_count()
         if self.version == 2:
             _write(self.memory / "memory.peak", "0", missing_ok=True)  # reset: kernel 6.12+
         else:
             _write(self.memory / "memory.max_usage_in_bytes", "0")
-        self.limit(limits)
+        self.limit(limits, extra_processes=extra_processes)
 
-    def limit(self, limits: Limits) -> None:
+    def limit(self, limits: Limits, *, extra_processes: int = 0) -> None:
         """Set the limits, over the sandbox's use now, unless the last job's were the same."""
-        if self._limited_to == (limits.memory_mb, limits.max_processes):
+        if self._limited_to == (limits.memory_mb, limits.max_processes, extra_processes):
             return
-        self._baseline_processes = self.processes()
+        self._baseline_processes = self.processes() - self.held_processes
         budget = self._memory_usage() + limits.memory_mb * MIB
         if self.version == 2:
             _write(self.memory / "memory.swap.max", "0")
             _write(self.memory / "memory.max", str(budget))
         else:
             self._set_v1_memory_limit(budget)
-        _write(self.pids / "pids.max", str(self._baseline_processes + limits.max_processes))
-        self._limited_to = (limits.memory_mb, limits.max_processes)
+        processes = self._baseline_processes + self.held_processes + limits.max_processes
+        _write(self.pids / "pids.max", str(processes + extra_processes))
+        self._limited_to = (limits.memory_mb, limits.max_processes, extra_processes)
 
     def job_usage(self) -> JobUsage:
         """The running (or just finished) job's peak memory and whether it was OOM-killed."""
@@ -110,8 +115,9 @@ class Budget:
         )
 
     def leftover_processes(self) -> int:
-        """Processes in the sandbox's cgroup beyond those it had before the job (0 is clean)."""
-        return max(0, self.processes() - self._baseline_processes)
+        """Processes in the sandbox's cgroup beyond those it had before the job and those it
+        holds for the next one (0 is clean)."""
+        return max(0, self.processes() - self._baseline_processes - self.held_processes)
 
     def is_overrun(self) -> bool:
         """Whether the kernel has killed a process of the running job for memory."""

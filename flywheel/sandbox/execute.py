@@ -32,6 +32,10 @@ from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmSandbox
 REPORT_WAIT_S = 2.0  # how long a warm sandbox may take to report a finished job
 # The sandboxes kill a job this long after our own wall clock: ours decides, theirs is a backstop.
 BACKSTOP_S = 1.0
+# Made ready for the next job while one runs: a zygote's child (candidate.py) and a test
+# runner's (runner.py).
+ZYGOTE_HELD_PROCESSES = 2
+RUNNER_HELD_PROCESSES = 1
 BUDGET_POLL_S = 0.01  # how often a running job's cgroup is checked for an OOM kill
 # Ends jobs off the caller's path: stopping what the candidate still runs, reading both
 # sandboxes' reports and pooling them again take milliseconds no verdict depends on.
@@ -136,6 +140,8 @@ def _finish_job(
             zygote.end_job()
         zygote_report = zygote.read_report(REPORT_WAIT_S) if is_clean else None
         runner_report = runner.read_report(REPORT_WAIT_S) if is_clean else None
+        if zygote.budget is not None and zygote_report is not None:
+            zygote.budget.held_processes = int(zygote_report.get("held_processes", 0))
         is_left_clean = zygote.budget is None or zygote.budget.leftover_processes() == 0
         ZYGOTES.give_back(zygote, is_healthy=zygote_report is not None and is_left_clean)
         RUNNERS.give_back(runner, is_healthy=runner_report is not None)
@@ -172,7 +178,7 @@ def _start(
         )
         runner = RUNNERS.borrow()
         if runner.budget is not None:  # its memory is held to the budget; nothing is reported
-            runner.budget.limit(limits)
+            runner.budget.limit(limits, extra_processes=RUNNER_HELD_PROCESSES)
         runner.submit(
             {
                 "tests": tests,
@@ -195,8 +201,8 @@ def _candidate_limits(zygote: WarmSandbox, limits: Limits) -> dict[str, object]:
     """The job's limits as the zygote applies them: the whole budget in the sandbox's cgroup
     and as each process's address space, or, without a cgroup, split between processes."""
     job = dataclasses.asdict(limits)
-    if zygote.budget is not None:
-        zygote.budget.start_job(limits)
+    if zygote.budget is not None:  # the zygote makes the next job's child meanwhile
+        zygote.budget.start_job(limits, extra_processes=ZYGOTE_HELD_PROCESSES)
         return {**job, "process_memory_mb": limits.memory_mb}
     processes, per_process_mb = fallback_limits(limits)
     return {**job, "max_processes": processes, "process_memory_mb": per_process_mb}

@@ -107,7 +107,10 @@ class WarmSandbox:
         """The line the sandbox writes after a job, or None if none came in time."""
         while b"\n" not in self._reports:
             ready, _, _ = select.select([self.control], [], [], timeout_s)
-            chunk = self.control.recv(4096) if ready else b""
+            try:
+                chunk = self.control.recv(4096) if ready else b""
+            except OSError:  # it died (reset): no report, so it is not reused
+                chunk = b""
             if not chunk:
                 return None
             self._reports += chunk

@@ -40,14 +40,30 @@ def test_back_to_back_jobs_reuse_the_sandboxes_whose_jobs_are_ending() -> None:
     """A job ends after its verdict; the next borrower waits for it rather than start more."""
     RUNNERS.close()
     ZYGOTES.close()
+    assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
+    first = idle(ZYGOTES) + idle(RUNNERS)
     for _ in range(10):
         assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
 
-    assert len(idle(ZYGOTES)) == 1
-    assert len(idle(RUNNERS)) == 1
+    # The same two: each job's leftovers were none (the child a sandbox makes ready for the
+    # next job is not one), and no job had to start a sandbox of its own.
+    assert idle(ZYGOTES) + idle(RUNNERS) == first
+    assert len(first) == 2
+
+
+def test_honest_candidates_pass_right_after_a_fork_bomb() -> None:
+    """A fork bomb may take every process while its zygote makes the next job's child."""
+    bomb = "import os\ndef add(a, b):\n    while True:\n        os.fork()\n"
+    assert not run_tests(bomb, TESTS, entry_point="add").is_passed
+
+    for _ in range(3):
+        verdict = run_tests(SOLUTION, TESTS, entry_point="add")
+        assert verdict.is_passed, verdict
 
 
 def test_a_timed_out_job_discards_its_sandboxes() -> None:
+    RUNNERS.close()
+    ZYGOTES.close()
     assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
     before = idle(ZYGOTES) + idle(RUNNERS)
 

@@ -31,6 +31,7 @@ sys.set_int_max_str_digits(0)  # ints of any size now cross; tests may print the
 # that steer control flow: a StopIteration from the candidate inside a test's `map` or `zip`
 # would silently end the iteration, and the test pass. They arrive as CandidateError, as do
 # GeneratorExit, KeyboardInterrupt and SystemExit (not Exceptions at all).
+DISCARD_WAIT_S = 1.0  # how long a child that was made for a job and not used may take to go
 CONTROL_FLOW = (StopIteration, StopAsyncIteration)
 SAFE_EXCEPTIONS = {
     name: value
@@ -221,41 +222,100 @@ def run_job(job, request_fd, response_fd, results_fd):
     results.write(json.dumps({"done": len(tests)}) + "\n")
 
 
+class Prepared:
+    """A forked child of this clean process waiting on `channel` for its job, made while the
+    previous job runs, so a job starts without waiting for a fork."""
+
+    def __init__(self, control):
+        self.channel, theirs = socket.socketpair()
+        try:  # a running job's tests may have taken every process the budget allows
+            self.child = os.fork()
+        except OSError:
+            self.child = None
+        if self.child == 0:
+            control.close()
+            self.channel.close()
+            run_child(theirs)
+        theirs.close()
+
+    def hand(self, job, fds):
+        """Give the child its job; False if it cannot take it."""
+        if self.child is None:
+            return False
+        try:
+            send(self.channel, job, fds)
+            return True
+        except OSError:
+            return False
+
+    def discard(self):
+        """Close it (a child still waiting for a job exits) and reap it."""
+        self.channel.close()
+        if self.child is not None:
+            reap(self.child, time.monotonic() + DISCARD_WAIT_S)
+
+
+def run_child(channel):
+    """Wait for a job, then run it in its own working directory; never returns."""
+    try:
+        job, fds = receive(channel)
+        channel.close()
+        if job is not None:
+            os.chdir(job["workdir"])
+            resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"]))
+            run_job(job, *fds)
+    finally:
+        os._exit(0)
+
+
+def receive(channel):
+    """A job: an 8-byte length with its pipe ends attached (SCM_RIGHTS), then its JSON."""
+    header, fds, _, _ = socket.recv_fds(channel, 8, 3)
+    if not header:
+        return None, ()
+    payload = b""
+    size = int.from_bytes(header, "big")
+    while len(payload) < size:
+        chunk = channel.recv(size - len(payload))
+        if not chunk:
+            return None, ()
+        payload += chunk
+    return json.loads(payload), tuple(fds)
+
+
+def send(channel, job, fds):
+    payload = json.dumps(job).encode()
+    socket.send_fds(channel, [len(payload).to_bytes(8, "big")], list(fds))
+    channel.sendall(payload)
+
+
 def serve(control):
     """A warm test runner: one job at a time, each in a forked child of this clean process.
 
-    A job arrives as an 8-byte length with the job's three pipe ends attached (SCM_RIGHTS),
-    then that many bytes of JSON. This process never runs tests itself, so every job starts
-    from the same state, in an empty working directory removed afterwards; it kills a job
-    that outlives its wall clock.
+    A job arrives as `receive` reads it. This process never runs tests itself, so every job
+    starts from the same state, in an empty working directory removed afterwards; it kills a
+    job that outlives its wall clock.
     """
+    prepared = Prepared(control)
     for number in itertools.count():
-        header, fds, _, _ = socket.recv_fds(control, 8, 3)
-        if not header:
+        job, fds = receive(control)
+        if job is None:
+            prepared.discard()
             return
-        payload = b""
-        size = int.from_bytes(header, "big")
-        while len(payload) < size:
-            chunk = control.recv(size - len(payload))
-            if not chunk:
-                return
-            payload += chunk
-        job = json.loads(payload)
-        workdir = f"/work/job-{number}"
-        os.mkdir(workdir)
-        child = os.fork()
-        if child == 0:
-            control.close()
-            os.chdir(workdir)
-            resource.setrlimit(resource.RLIMIT_CPU, (job["cpu_s"], job["cpu_s"]))
-            try:
-                run_job(job, *fds)
-            finally:
-                os._exit(0)
+        deadline = time.monotonic() + job["wall_s"]
+        job["workdir"] = f"/work/job-{number}"
+        os.mkdir(job["workdir"])
+        if not prepared.hand(job, fds):
+            prepared.discard()
+            prepared = Prepared(control)
+            prepared.hand(job, fds)  # if this one cannot either, the job's pipes just close
         for fd in fds:
             os.close(fd)
-        reap(child, time.monotonic() + job["wall_s"])
-        shutil.rmtree(workdir, ignore_errors=True)
+        current, prepared = prepared, Prepared(control)  # the next job's, made meanwhile
+        current.channel.close()
+        if current.child is not None:
+            reap(current.child, deadline)
+        shutil.rmtree(job["workdir"], ignore_errors=True)
         control.sendall(b'{"done": true}\n')
 
 
