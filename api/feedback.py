@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Request, Response
 from pydantic import BaseModel
 
 from api.auth import require
 from api.database import in_transaction
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, body_examples
 from api.schemas import (
-    ErrorBody,
     FeedbackBatchCreate,
     FeedbackBatchCreated,
     FeedbackCreate,
@@ -26,10 +26,35 @@ from flywheel.feedback import service
 from flywheel.feedback.values import as_json
 from flywheel.tenancy.service import Principal, Scope
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["interactions and feedback"])
 
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (401, 403, 404, 409, 413, 422, 429)
+ERRORS = READ_ERRORS  # (other routers imported it from here)
+
+MESSAGES = [{"role": "user", "content": "Why was I charged twice this month?"}]
+ANSWER = "You were charged once for May and once for June; the June charge is an early renewal."
+ABOUT_INTERACTION = {"interaction_id": "5f0c2f4e-8d7a-4c39-9b7e-1f2a3b4c5d6e", "kind": "rating"}
+FEEDBACK_EXAMPLES = {
+    "thumbs": {**ABOUT_INTERACTION, "value": {"thumbs": "up"}, "rater": "u-42"},
+    "stars": {**ABOUT_INTERACTION, "value": {"stars": 4}, "event_id": "app-evt-1001"},
+    "correction": {
+        **ABOUT_INTERACTION,
+        "kind": "correction",
+        "value": {"text": "Both charges are for May: the second one will be refunded."},
+    },
+    "outcome": {
+        **ABOUT_INTERACTION,
+        "kind": "outcome",
+        "value": {"success": False, "reason": "reopened"},
+    },
+    "comparison": {
+        "domain": "billing",
+        "kind": "comparison",
+        "value": {
+            "messages": MESSAGES,
+            "responses": [ANSWER, "Please contact support."],
+            "preferred": 0,
+        },
+    },
 }
 
 IdempotencyKey = Annotated[
@@ -44,7 +69,31 @@ Writer = Annotated[Principal, Depends(require(Scope.FEEDBACK_WRITE))]
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 
 
-@router.post("/interactions", status_code=201, response_model=InteractionCreated, responses=ERRORS)
+@router.post(
+    "/interactions",
+    status_code=201,
+    response_model=InteractionCreated,
+    responses=WRITE_ERRORS,
+    summary="Record an interaction",
+    description=(
+        "Store one model call: the conversation (`messages`, or a plain `prompt`; exactly one) "
+        "and the `response`, with the model that served it. Feedback can then refer to its "
+        "`id`. With `Idempotency-Key`, a retry returns the first response (header "
+        "`Idempotent-Replayed: true`); the same key with a different body is a 409. "
+        "Scope `feedback:write`."
+    ),
+    openapi_extra=body_examples(
+        messages={
+            "domain": "billing",
+            "messages": MESSAGES,
+            "response": ANSWER,
+            "model": {"name": "acme.billing", "version": "3"},
+            "session_id": "s-1234",
+            "metadata": {"app": "help-center"},
+        },
+        prompt={"domain": "billing", "prompt": "How do I get an invoice?", "response": ANSWER},
+    ),
+)
 async def create_interaction(
     body: InteractionCreate,
     request: Request,
@@ -74,7 +123,15 @@ async def create_interaction(
     return _created_response(request, created, [recorded])
 
 
-@router.get("/interactions/{interaction_id}", responses=ERRORS)
+@router.get(
+    "/interactions/{interaction_id}",
+    responses=READ_ERRORS,
+    summary="Read an interaction and its feedback",
+    description=(
+        "The interaction as stored (after redaction) with the feedback events about it; 404 "
+        "for an unknown id or another tenant's. Scope `data:read`."
+    ),
+)
 async def read_interaction(
     interaction_id: uuid.UUID, request: Request, principal: Reader
 ) -> InteractionRead:
@@ -111,7 +168,22 @@ async def read_interaction(
     )
 
 
-@router.post("/feedback", status_code=201, response_model=FeedbackCreated, responses=ERRORS)
+@router.post(
+    "/feedback",
+    status_code=201,
+    response_model=FeedbackCreated,
+    responses=WRITE_ERRORS,
+    summary="Record a feedback event",
+    description=(
+        "A `rating` (thumbs or 1-5 stars), `correction` (the edited response), `outcome` "
+        "(did the task succeed) or `comparison` (two or more responses, the preferred one or a "
+        "tie). It is about a stored interaction (`interaction_id`), or carries its own "
+        "conversation (`domain` with `messages` or `prompt`, and `response`; a comparison's "
+        "responses are in its value): exactly one of the two. An `event_id` is unique per "
+        "tenant. `Idempotency-Key` replays the first response. Scope `feedback:write`."
+    ),
+    openapi_extra=body_examples(**FEEDBACK_EXAMPLES),
+)
 async def create_feedback(
     body: Annotated[FeedbackCreate, Body()],
     request: Request,
@@ -129,7 +201,19 @@ async def create_feedback(
 
 
 @router.post(
-    "/feedback/batch", status_code=201, response_model=FeedbackBatchCreated, responses=ERRORS
+    "/feedback/batch",
+    status_code=201,
+    response_model=FeedbackBatchCreated,
+    responses=WRITE_ERRORS,
+    summary="Record up to 1,000 feedback events at once",
+    description=(
+        "Each event as for `POST /v1/feedback`. All are validated before any is written: if one "
+        "is invalid, the 422's `details` name it by `index` and nothing is stored. "
+        "`Idempotency-Key` replays the first response. Scope `feedback:write`."
+    ),
+    openapi_extra=body_examples(
+        batch={"events": [FEEDBACK_EXAMPLES["thumbs"], FEEDBACK_EXAMPLES["outcome"]]}
+    ),
 )
 async def create_feedback_batch(
     body: FeedbackBatchCreate,

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -298,3 +302,104 @@ def test_integer_too_large_to_parse_is_422(
     error = assert_rejected(post_raw(client, acme, body, path), 422, sessions)
     assert error["code"] == "invalid_input"
     assert "integer" in error["message"]
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(path, value) of every scalar in a JSON value."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _leaves(item, (*path, index))
+    else:
+        yield path, value
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    copy = json.loads(json.dumps(value))
+    parent = copy
+    for part in path[:-1]:
+        parent = parent[part]
+    parent[path[-1]] = new
+    return copy
+
+
+def _hostile(leaf: Any) -> list[Any]:
+    """Values of the wrong kind for a leaf: text with a NUL or a lone surrogate for a string;
+    a string for a boolean or a number (strict: "yes" is not true, "5" is not 5)."""
+    if isinstance(leaf, str):
+        return [f"{leaf}\x00", f"{leaf}\ud800"]
+    if isinstance(leaf, bool):
+        return ["yes", "true", 1]
+    if isinstance(leaf, int | float):
+        return [str(leaf)]
+    return []
+
+
+def _example_bodies() -> list[Any]:
+    """(method, path, example name, body) of every request body example in the API's schema."""
+    document = create_app(Settings(home=Path(".flywheel"))).openapi()
+    found = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            content = operation.get("requestBody", {}).get("content", {})
+            for name, example in content.get("application/json", {}).get("examples", {}).items():
+                case = (method.upper(), path, name, example["value"])
+                found.append(pytest.param(*case, id=f"{method.upper()} {path} {name}"))
+    return found
+
+
+PATH_VALUES = {"{domain}": "billing", "{run_id}": str(uuid.uuid4())}
+
+
+@pytest.mark.parametrize(("method", "path", "name", "body"), _example_bodies())
+def test_every_field_of_every_body_refuses_nul_surrogates_and_loose_types(
+    client: TestClient,
+    sessions: sessionmaker[Session],
+    method: str,
+    path: str,
+    name: str,
+    body: Any,
+) -> None:
+    """Each request example's fields, one at a time, with a hostile value: always a 422."""
+    caller = make_caller(sessions, scopes=("admin",))
+    url = path
+    for template, value in PATH_VALUES.items():
+        url = url.replace(template, value)
+    sent = 0
+    for leaf_path, leaf in _leaves(body):
+        for value in _hostile(leaf):
+            payload = json.dumps(_replaced(body, leaf_path, value)).encode()
+            response = client.request(
+                method, url, content=payload, headers={**caller.headers, **JSON}
+            )
+            assert response.status_code == 422, (name, leaf_path, value, response.text)
+            assert response.json()["error"]["code"] == "invalid_input"
+            sent += 1
+    assert sent > 0 or body == {}
+    assert count_rows(sessions, "interactions") == 0
+    assert count_rows(sessions, "feedback_events") == 0
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "/v1/models/bil%00ling",
+        "/v1/models/bil%00ling/champion",
+        "/v1/datasets?domain=bil%00ling",
+        "/v1/preference-pairs?domain=bil%00ling",
+        "/v1/tasks?domain=bil%00ling",
+        "/v1/runs?domain=bil%00ling",
+        "/v1/tasks?domain=billing&status=usable%00",
+        "/v1/runs?status=queued%00",
+    ],
+)
+def test_nul_in_path_and_query_parameters_is_422(
+    client: TestClient, sessions: sessionmaker[Session], url: str
+) -> None:
+    caller = make_caller(sessions, scopes=("admin",))
+    response = client.get(url, headers=caller.headers)
+
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"] == "invalid_input"
