@@ -6,9 +6,10 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, body_examples
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
 from api.schemas import DatasetVersionList, DatasetVersionRead, RecipeCreate
 from flywheel.datasets import service
 from flywheel.datasets.models import DatasetVersion
@@ -44,16 +45,7 @@ async def list_datasets(
         200: {"model": DatasetVersionRead, "description": "Nothing new."},
     },
     summary="Build the next dataset version",
-    openapi_extra=body_examples(
-        defaults={},
-        recipe={
-            "eval_fraction": 0.1,
-            "replay_fraction": 0.25,
-            "curriculum": "easy_first",
-            "mix": {"general": 0.2},
-            "source_weights": {"ticket": 0.5},
-        },
-    ),
+    openapi_extra=examples.RECIPE,
 )
 async def build_dataset(
     domain: Annotated[Name, Path(description="The domain's name.", examples=["billing"])],

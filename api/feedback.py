@@ -8,9 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Header, Request, Response
 from pydantic import BaseModel
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, body_examples
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
 from api.schemas import (
     FeedbackBatchCreate,
     FeedbackBatchCreated,
@@ -29,33 +30,6 @@ from flywheel.tenancy.service import Principal, Scope
 router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["interactions and feedback"])
 
 ERRORS = READ_ERRORS  # (other routers imported it from here)
-
-MESSAGES = [{"role": "user", "content": "Why was I charged twice this month?"}]
-ANSWER = "You were charged once for May and once for June; the June charge is an early renewal."
-ABOUT_INTERACTION = {"interaction_id": "5f0c2f4e-8d7a-4c39-9b7e-1f2a3b4c5d6e", "kind": "rating"}
-FEEDBACK_EXAMPLES = {
-    "thumbs": {**ABOUT_INTERACTION, "value": {"thumbs": "up"}, "rater": "u-42"},
-    "stars": {**ABOUT_INTERACTION, "value": {"stars": 4}, "event_id": "app-evt-1001"},
-    "correction": {
-        **ABOUT_INTERACTION,
-        "kind": "correction",
-        "value": {"text": "Both charges are for May: the second one will be refunded."},
-    },
-    "outcome": {
-        **ABOUT_INTERACTION,
-        "kind": "outcome",
-        "value": {"success": False, "reason": "reopened"},
-    },
-    "comparison": {
-        "domain": "billing",
-        "kind": "comparison",
-        "value": {
-            "messages": MESSAGES,
-            "responses": [ANSWER, "Please contact support."],
-            "preferred": 0,
-        },
-    },
-}
 
 IdempotencyKey = Annotated[
     str | None,
@@ -82,17 +56,7 @@ Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
         "`Idempotent-Replayed: true`); the same key with a different body is a 409. "
         "Scope `feedback:write`."
     ),
-    openapi_extra=body_examples(
-        messages={
-            "domain": "billing",
-            "messages": MESSAGES,
-            "response": ANSWER,
-            "model": {"name": "acme.billing", "version": "3"},
-            "session_id": "s-1234",
-            "metadata": {"app": "help-center"},
-        },
-        prompt={"domain": "billing", "prompt": "How do I get an invoice?", "response": ANSWER},
-    ),
+    openapi_extra=examples.INTERACTION,
 )
 async def create_interaction(
     body: InteractionCreate,
@@ -128,7 +92,7 @@ async def create_interaction(
     responses=READ_ERRORS,
     summary="Read an interaction and its feedback",
     description=(
-        "The interaction as stored (after redaction) with the feedback events about it; 404 "
+        "The interaction as stored, with the feedback events about it; 404 "
         "for an unknown id or another tenant's. Scope `data:read`."
     ),
 )
@@ -182,7 +146,7 @@ async def read_interaction(
         "responses are in its value): exactly one of the two. An `event_id` is unique per "
         "tenant. `Idempotency-Key` replays the first response. Scope `feedback:write`."
     ),
-    openapi_extra=body_examples(**FEEDBACK_EXAMPLES),
+    openapi_extra=examples.FEEDBACK,
 )
 async def create_feedback(
     body: Annotated[FeedbackCreate, Body()],
@@ -211,9 +175,7 @@ async def create_feedback(
         "is invalid, the 422's `details` name it by `index` and nothing is stored. "
         "`Idempotency-Key` replays the first response. Scope `feedback:write`."
     ),
-    openapi_extra=body_examples(
-        batch={"events": [FEEDBACK_EXAMPLES["thumbs"], FEEDBACK_EXAMPLES["outcome"]]}
-    ),
+    openapi_extra=examples.FEEDBACK_BATCH,
 )
 async def create_feedback_batch(
     body: FeedbackBatchCreate,

@@ -90,12 +90,6 @@ WRITE_ERRORS = {**READ_ERRORS, **errors(415)}
 """What an operation that takes a body can answer besides."""
 
 
-def body_examples(**examples: Any) -> dict[str, Any]:
-    """`openapi_extra=` giving the request body named examples (FastAPI merges it in)."""
-    named = {name: {"value": value} for name, value in examples.items()}
-    return {"requestBody": {"content": {"application/json": {"examples": named}}}}
-
-
 def install_docs(app: FastAPI) -> None:
     """Serve Swagger UI at /docs and ReDoc at /redoc, with their assets from this app."""
     app.mount(DOCS_ASSETS_URL, StaticFiles(directory=DOCS_ASSETS_DIR), name="docs-assets")

@@ -8,9 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request
 from sqlalchemy.orm import Session
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, body_examples, errors
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, errors
 from api.schemas import (
     ChampionRead,
     DomainModelsRead,
@@ -63,10 +64,7 @@ async def champion(domain: DomainPath, request: Request, principal: Reader) -> C
     "/models/{domain}/promote",
     responses=MOVE_ERRORS,
     summary="Promote a version to champion",
-    openapi_extra=body_examples(
-        gated={"version": "3", "reason": "beats v2 on the weekly eval"},
-        forced={"version": "3", "reason": "hotfix, gate re-run pending", "force": True},
-    ),
+    openapi_extra=examples.PROMOTE,
 )
 async def promote(
     domain: DomainPath, body: PromoteCreate, request: Request, principal: Releaser
@@ -92,10 +90,7 @@ async def promote(
     "/models/{domain}/rollback",
     responses=MOVE_ERRORS,
     summary="Roll the champion back",
-    openapi_extra=body_examples(
-        previous={"reason": "complaints about v3"},
-        to_version={"to": "1", "reason": "back to the last known good"},
-    ),
+    openapi_extra=examples.ROLLBACK,
 )
 async def rollback(
     domain: DomainPath, body: RollbackCreate, request: Request, principal: Releaser

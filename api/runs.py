@@ -8,9 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy.orm import Session
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, body_examples
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
 from api.run_schemas import RunCreate, RunList, RunRead, RunStatus
 from flywheel.feedback.values import Name
 from flywheel.registry.models import Run
@@ -59,7 +60,7 @@ async def read_run(run_id: RunPath, request: Request, principal: Reader) -> RunR
     status_code=202,
     responses=WRITE_ERRORS,
     summary="Queue a cycle",
-    openapi_extra=body_examples(cycle={"domain": "billing"}),
+    openapi_extra=examples.RUN,
 )
 async def queue_run(body: RunCreate, request: Request, principal: Runner) -> RunRead:
     """Queue a cycle of the domain for the workers: 202 with the queued run; 409 when one is

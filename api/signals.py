@@ -7,9 +7,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, body_examples
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
 from api.schemas import (
     PreferencePairPage,
     PreferencePairRead,
@@ -97,20 +98,7 @@ async def list_tasks(
     response_model=TaskRead,
     responses={**WRITE_ERRORS, 200: {"model": TaskRead, "description": "Already stored."}},
     summary="Add a verifiable task",
-    openapi_extra=body_examples(
-        code={
-            "domain": "billing",
-            "kind": "code",
-            "task_id": "prorate-1",
-            "prompt": "Write prorate(amount, days, period) returning the prorated amount.",
-            "entry_point": "prorate",
-            "reference_solution": "def prorate(amount, days, period):\n"
-            "    return round(amount * days / period, 2)\n",
-            "hidden_tests": "assert prorate(30, 10, 30) == 10\n",
-            "visible_tests": "assert prorate(0, 1, 30) == 0\n",
-        },
-        answer={"domain": "billing", "kind": "answer", "prompt": "12 * 7 = ?", "answer": "84"},
-    ),
+    openapi_extra=examples.TASK,
 )
 async def create_task(body: TaskCreate, request: Request, principal: Writer) -> Response:
     """Store a task, pending verifier QA; the same content again returns the stored one (200).

@@ -129,7 +129,7 @@ def test_every_request_body_has_examples_that_validate(docs_client: TestClient) 
         for module in (datasets, feedback, health, registry, runs, signals)
         for route in module.router.routes
         if isinstance(route, APIRoute)
-        for method in route.methods
+        for method in route.methods or ()
     }
     with_body = [item for item in operations(document) if "requestBody" in item[2]]
     assert len(with_body) >= 8
