@@ -105,7 +105,7 @@ def install_docs(app: FastAPI) -> None:
             swagger_css_url=f"{root}{DOCS_ASSETS_URL}/swagger-ui.css",
             swagger_favicon_url=f"{root}{DOCS_ASSETS_URL}/favicon.png",
             # No badge from the public validator: the page makes no request to another origin.
-            swagger_ui_parameters={"validatorUrl": None, "persistAuthorization": True},
+            swagger_ui_parameters={"validatorUrl": None},
         )
 
     @app.get("/redoc", include_in_schema=False)

@@ -382,24 +382,55 @@ def test_every_field_of_every_body_refuses_nul_surrogates_and_loose_types(
     assert count_rows(sessions, "feedback_events") == 0
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        "/v1/models/bil%00ling",
-        "/v1/models/bil%00ling/champion",
-        "/v1/datasets?domain=bil%00ling",
-        "/v1/preference-pairs?domain=bil%00ling",
-        "/v1/tasks?domain=bil%00ling",
-        "/v1/runs?domain=bil%00ling",
-        "/v1/tasks?domain=billing&status=usable%00",
-        "/v1/runs?status=queued%00",
-    ],
-)
+def _text_parameters() -> list[Any]:
+    """(method, url) for each string path or query parameter of every operation (UUIDs aside),
+    that parameter holding a NUL byte and every other one a valid value."""
+    document = create_app(Settings(home=Path(".flywheel"))).openapi()
+    found = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            parameters = [p for p in operation.get("parameters", []) if p["in"] != "header"]
+            for target in parameters:
+                if not _is_text(target["schema"]):
+                    continue
+                url = _url(path, parameters, target)
+                found.append(pytest.param(method.upper(), url, id=f"{method.upper()} {url}"))
+    return found
+
+
+def _is_text(schema: dict[str, Any]) -> bool:
+    branches = schema.get("anyOf", [schema])
+    return any(b.get("type") == "string" and b.get("format") != "uuid" for b in branches)
+
+
+def _url(path: str, parameters: list[dict[str, Any]], target: dict[str, Any]) -> str:
+    valid = {"domain": "billing", "run_id": str(uuid.uuid4()), "status": None}
+    query = []
+    for parameter in parameters:
+        value = "bil%00ling" if parameter is target else valid.get(parameter["name"])
+        if parameter["in"] == "path":
+            path = path.replace("{" + parameter["name"] + "}", str(value))
+        elif value is not None and (parameter is target or parameter.get("required")):
+            query.append(f"{parameter['name']}={value}")
+    return path + ("?" + "&".join(query) if query else "")
+
+
+TEXT_PARAMETERS = _text_parameters()
+
+
+def test_every_text_parameter_is_swept() -> None:
+    urls = {param.values[1] for param in TEXT_PARAMETERS}
+    assert "/v1/models/bil%00ling/promote" in urls
+    assert "/v1/datasets?domain=bil%00ling" in urls
+    assert "/v1/runs?status=bil%00ling" in urls
+
+
+@pytest.mark.parametrize(("method", "url"), TEXT_PARAMETERS)
 def test_nul_in_path_and_query_parameters_is_422(
-    client: TestClient, sessions: sessionmaker[Session], url: str
+    client: TestClient, sessions: sessionmaker[Session], method: str, url: str
 ) -> None:
     caller = make_caller(sessions, scopes=("admin",))
-    response = client.get(url, headers=caller.headers)
+    response = client.request(method, url, headers={**caller.headers, **JSON}, content=b"{}")
 
     assert response.status_code == 422, response.text
     assert response.json()["error"]["code"] == "invalid_input"
