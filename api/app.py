@@ -13,6 +13,7 @@ from api import datasets, feedback, health, registry, runs, signals
 from api.auth import KeyAuthenticator, RateLimiter
 from api.errors import install_error_handlers
 from api.middleware import ApiMetrics, BodyLimit, RequestMetrics, RequireJson
+from api.openapi import DESCRIPTION, install_docs
 from flywheel.db import make_engine, make_session_factory
 from flywheel.settings import Settings
 
@@ -37,8 +38,10 @@ def create_app(
     app = FastAPI(
         title="Flywheel",
         version=flywheel.__version__,
-        description="Send interactions and feedback; Flywheel turns them into better models.",
+        description=DESCRIPTION,
         lifespan=lifespan,
+        docs_url=None,  # served by install_docs, with assets from this app rather than a CDN
+        redoc_url=None,
     )
     metrics = ApiMetrics()
     app.state.settings = settings
@@ -47,6 +50,7 @@ def create_app(
     app.state.authenticator = KeyAuthenticator(sessions, ttl_s=settings.auth_cache_ttl_s)
     app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
     install_error_handlers(app)
+    install_docs(app)
     app.include_router(health.router)
     app.include_router(feedback.router)
     app.include_router(signals.router)

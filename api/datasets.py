@@ -6,28 +6,30 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.feedback import ERRORS
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
 from api.schemas import DatasetVersionList, DatasetVersionRead, RecipeCreate
 from flywheel.datasets import service
 from flywheel.datasets.models import DatasetVersion
 from flywheel.feedback.values import Name
 from flywheel.tenancy.service import Principal, Scope
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["datasets"])
 
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 Builder = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]
 
 
-@router.get("/datasets", responses=ERRORS)
+@router.get("/datasets", responses=READ_ERRORS, summary="List dataset versions")
 async def list_datasets(
     request: Request,
     principal: Reader,
-    domain: Annotated[Name, Query(description="The domain's name.")],
+    domain: Annotated[Name, Query(description="The domain's name.", examples=["billing"])],
 ) -> DatasetVersionList:
-    """The domain's dataset versions, newest first."""
+    """The domain's dataset versions, newest first: immutable, content-addressed snapshots
+    with their recipe, split stats and lineage. Scope `data:read`."""
     versions = await in_transaction(
         request, service.list_versions, tenant_id=principal.tenant_id, domain=domain
     )
@@ -38,15 +40,22 @@ async def list_datasets(
     "/datasets/{domain}/versions",
     status_code=201,
     response_model=DatasetVersionRead,
-    responses={**ERRORS, 200: {"model": DatasetVersionRead, "description": "Nothing new."}},
+    responses={
+        **WRITE_ERRORS,
+        200: {"model": DatasetVersionRead, "description": "Nothing new."},
+    },
+    summary="Build the next dataset version",
+    openapi_extra=examples.RECIPE,
 )
 async def build_dataset(
-    domain: Annotated[Name, Path(description="The domain's name.")],
+    domain: Annotated[Name, Path(description="The domain's name.", examples=["billing"])],
     request: Request,
     principal: Builder,
     body: Annotated[RecipeCreate | None, Body()] = None,
 ) -> Response:
-    """Build the domain's next version; 200 with the latest one when nothing changed."""
+    """Build the domain's next version from its signal (the body, optional, is the recipe;
+    each field has the platform default): 201 with it, or 200 with the latest one when
+    nothing changed. Scope `models:write`."""
     recipe = service.DatasetRecipe(**(body or RecipeCreate()).model_dump())
     built = await in_transaction(
         request, service.build_for, tenant_id=principal.tenant_id, domain=domain, recipe=recipe

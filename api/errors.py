@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -33,6 +34,9 @@ STATUS_BY_CODE = {
     SandboxUnavailable.code: 503,
     RegistryUnavailable.code: 503,
 }
+
+# Python refuses to parse longer integers (sys.get_int_max_str_digits(), 4,300 by default).
+MAX_INT_DIGITS = sys.get_int_max_str_digits()
 
 CODE_BY_HTTP_STATUS = {
     400: "bad_request",
@@ -98,6 +102,32 @@ def _validation_detail(item: dict[str, Any]) -> dict[str, Any]:
 
 
 async def _http_error(_request: Request, error: HTTPException) -> JSONResponse:
+    unparsable = _unparsable_body(error)
+    if unparsable is not None:
+        detail = {"code": "json_invalid", "message": unparsable, "loc": []}
+        return error_response(
+            422, InvalidInput.code, f"invalid request: {unparsable}", details=[detail]
+        )
     code = CODE_BY_HTTP_STATUS.get(error.status_code, "http_error")
     headers = dict(error.headers) if error.headers else None
     return error_response(error.status_code, code, str(error.detail), headers=headers)
+
+
+def _unparsable_body(error: HTTPException) -> str | None:
+    """Why a body FastAPI could not parse was refused.
+
+    FastAPI answers a `JSONDecodeError` with a validation error (422), but any other failure of
+    `json.loads` with a bare 400 raised `from` it: bytes that are not UTF-8, nesting past the
+    interpreter's recursion limit, an integer longer than Python's 4,300-digit parsing limit.
+    They are the same class of error as malformed JSON, so they get the same 422 and body.
+    """
+    cause = error.__cause__
+    if error.status_code != 400 or cause is None:
+        return None
+    if isinstance(cause, UnicodeDecodeError):
+        return "the body is not valid UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the body's JSON nests too deeply"
+    if isinstance(cause, ValueError) and "integer string conversion" in str(cause):
+        return f"the body's JSON holds an integer of more than {MAX_INT_DIGITS} digits"
+    return "the body could not be parsed as JSON"

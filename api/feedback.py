@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
 from api.schemas import (
-    ErrorBody,
     FeedbackBatchCreate,
     FeedbackBatchCreated,
     FeedbackCreate,
@@ -28,11 +29,7 @@ from flywheel.feedback import pages, service
 from flywheel.feedback.values import as_json
 from flywheel.tenancy.service import Principal, Scope
 
-router = APIRouter(prefix="/v1")
-
-ERRORS: dict[int | str, dict[str, Any]] = {
-    status: {"model": ErrorBody} for status in (401, 403, 404, 409, 413, 422, 429)
-}
+router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["interactions and feedback"])
 
 IdempotencyKey = Annotated[
     str | None,
@@ -57,7 +54,21 @@ Writer = Annotated[Principal, Depends(require(Scope.FEEDBACK_WRITE))]
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 
 
-@router.post("/interactions", status_code=201, response_model=InteractionCreated, responses=ERRORS)
+@router.post(
+    "/interactions",
+    status_code=201,
+    response_model=InteractionCreated,
+    responses=WRITE_ERRORS,
+    summary="Record an interaction",
+    description=(
+        "Store one model call: the conversation (`messages`, or a plain `prompt`; exactly one) "
+        "and the `response`, with the model that served it. Feedback can then refer to its "
+        "`id`. With `Idempotency-Key`, a retry returns the first response (header "
+        "`Idempotent-Replayed: true`); the same key with a different body is a 409. "
+        "Scope `feedback:write`."
+    ),
+    openapi_extra=examples.INTERACTION,
+)
 async def create_interaction(
     body: InteractionCreate,
     request: Request,
@@ -88,7 +99,15 @@ async def create_interaction(
 
 
 @router.get(
-    "/interactions/{interaction_id}", response_model=InteractionWithFeedback, responses=ERRORS
+    "/interactions/{interaction_id}",
+    response_model=InteractionWithFeedback,
+    responses=READ_ERRORS,
+    summary="Read an interaction and the first page of its feedback",
+    description=(
+        "The interaction as stored, with its oldest feedback events (at most 100) and a "
+        "`next_cursor` for `GET /v1/interactions/{id}/feedback` when there are more; 404 "
+        "for an unknown id or another tenant's. Scope `data:read`."
+    ),
 )
 async def read_interaction(
     interaction_id: uuid.UUID, request: Request, principal: Reader
@@ -99,7 +118,15 @@ async def read_interaction(
 
 
 @router.get(
-    "/interactions/{interaction_id}/feedback", response_model=FeedbackPage, responses=ERRORS
+    "/interactions/{interaction_id}/feedback",
+    response_model=FeedbackPage,
+    responses=READ_ERRORS,
+    summary="Page through an interaction's feedback",
+    description=(
+        "Its feedback events oldest first (by `created_at`, then `id`), `limit` at a time "
+        "(at most 500), from the `cursor` a previous read returned; `next_cursor` is null on "
+        "the last page. A cursor of another interaction is 422. Scope `data:read`."
+    ),
 )
 async def list_feedback(
     interaction_id: uuid.UUID,
@@ -118,7 +145,22 @@ async def list_feedback(
     )
 
 
-@router.post("/feedback", status_code=201, response_model=FeedbackCreated, responses=ERRORS)
+@router.post(
+    "/feedback",
+    status_code=201,
+    response_model=FeedbackCreated,
+    responses=WRITE_ERRORS,
+    summary="Record a feedback event",
+    description=(
+        "A `rating` (thumbs or 1-5 stars), `correction` (the edited response), `outcome` "
+        "(did the task succeed) or `comparison` (two or more responses, the preferred one or a "
+        "tie). It is about a stored interaction (`interaction_id`), or carries its own "
+        "conversation (`domain` with `messages` or `prompt`, and `response`; a comparison's "
+        "responses are in its value): exactly one of the two. An `event_id` is unique per "
+        "tenant. `Idempotency-Key` replays the first response. Scope `feedback:write`."
+    ),
+    openapi_extra=examples.FEEDBACK,
+)
 async def create_feedback(
     body: Annotated[FeedbackCreate, Body()],
     request: Request,
@@ -136,7 +178,17 @@ async def create_feedback(
 
 
 @router.post(
-    "/feedback/batch", status_code=201, response_model=FeedbackBatchCreated, responses=ERRORS
+    "/feedback/batch",
+    status_code=201,
+    response_model=FeedbackBatchCreated,
+    responses=WRITE_ERRORS,
+    summary="Record up to 1,000 feedback events at once",
+    description=(
+        "Each event as for `POST /v1/feedback`. All are validated before any is written: if one "
+        "is invalid, the 422's `details` name it by `index` and nothing is stored. "
+        "`Idempotency-Key` replays the first response. Scope `feedback:write`."
+    ),
+    openapi_extra=examples.FEEDBACK_BATCH,
 )
 async def create_feedback_batch(
     body: FeedbackBatchCreate,

@@ -10,16 +10,23 @@ from sqlalchemy.exc import SQLAlchemyError
 from api.errors import error_response
 from api.schemas import ErrorBody, Health
 
-router = APIRouter()
+router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz")
+@router.get("/healthz", summary="Liveness")
 async def healthz() -> Health:
+    """`{"status": "ok"}` while the process serves requests; no API key needed."""
     return Health(status="ok")
 
 
-@router.get("/readyz", responses={503: {"model": ErrorBody}}, response_model=Health)
+@router.get(
+    "/readyz",
+    responses={503: {"model": ErrorBody, "description": "The database does not answer."}},
+    response_model=Health,
+    summary="Readiness",
+)
 def readyz(request: Request) -> Response:
+    """200 once the database answers a query, else 503; no API key needed."""
     try:
         with request.app.state.sessions() as session:
             session.execute(text("SELECT 1"))
@@ -30,8 +37,15 @@ def readyz(request: Request) -> Response:
     return Response('{"status":"ok"}', media_type="application/json")
 
 
-@router.get("/metrics", response_class=Response)
+@router.get(
+    "/metrics",
+    response_class=Response,
+    summary="Prometheus metrics",
+    responses={200: {"content": {"text/plain": {}}, "description": "The text exposition format."}},
+)
 async def metrics(request: Request) -> Response:
+    """Request counts and latencies by route and status, events ingested by kind, in the
+    Prometheus text format; no API key needed."""
     return Response(
         generate_latest(request.app.state.metrics.registry), media_type=CONTENT_TYPE_LATEST
     )

@@ -8,9 +8,10 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Request
 from sqlalchemy.orm import Session
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.feedback import ERRORS
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, errors
 from api.schemas import (
     ChampionRead,
     DomainModelsRead,
@@ -26,11 +27,12 @@ from flywheel.registry.mlflow_registry import MlflowRegistry, Registry
 from flywheel.registry.models import ModelVersion, PromotionEvent
 from flywheel.tenancy.service import Principal, Scope, get_domain
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["models"])
 
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 Releaser = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]
-DomainPath = Annotated[Name, Path(description="The domain's name.")]
+DomainPath = Annotated[Name, Path(description="The domain's name.", examples=["billing"])]
+MOVE_ERRORS = {**WRITE_ERRORS, **errors(503)}
 
 
 def registry(request: Request) -> Registry:
@@ -42,26 +44,35 @@ def registry(request: Request) -> Registry:
     return found
 
 
-@router.get("/models/{domain}", responses=ERRORS)
+@router.get("/models/{domain}", responses=READ_ERRORS, summary="List the domain's models")
 async def list_models(domain: DomainPath, request: Request, principal: Reader) -> DomainModelsRead:
-    """Versions (newest first), the champion, and the history of alias moves."""
+    """Versions (newest first) with their eval and gate results, the champion, and the
+    append-only history of alias moves. Scope `data:read`."""
     return await in_transaction(request, _read_models, tenant_id=principal.tenant_id, domain=domain)
 
 
-@router.get("/models/{domain}/champion", responses=ERRORS)
+@router.get("/models/{domain}/champion", responses=READ_ERRORS, summary="Read the champion")
 async def champion(domain: DomainPath, request: Request, principal: Reader) -> ChampionRead:
-    """The adapter apps should serve now; 404 until a version has been promoted."""
+    """The adapter apps should serve now (its registry alias URI, adapter URI and base model);
+    404 until a version has been promoted. Scope `data:read`."""
     return await in_transaction(
         request, _read_champion, tenant_id=principal.tenant_id, domain=domain
     )
 
 
-@router.post("/models/{domain}/promote", responses=ERRORS)
+@router.post(
+    "/models/{domain}/promote",
+    responses=MOVE_ERRORS,
+    summary="Promote a version to champion",
+    openapi_extra=examples.PROMOTE,
+)
 async def promote(
     domain: DomainPath, body: PromoteCreate, request: Request, principal: Releaser
 ) -> PromotionEventRead:
     """Make a version the champion: 409 if it did not pass its gate (unless `force`), if
-    another move of the domain is in progress, or if it already is."""
+    another move of the domain is in progress, or if it already is; 404 for an unknown
+    version; 503 when the model registry cannot be reached. The move is recorded before the
+    alias moves. Scope `models:write`."""
     return await in_transaction(
         request,
         _promote,
@@ -75,11 +86,17 @@ async def promote(
     )
 
 
-@router.post("/models/{domain}/rollback", responses=ERRORS)
+@router.post(
+    "/models/{domain}/rollback",
+    responses=MOVE_ERRORS,
+    summary="Roll the champion back",
+    openapi_extra=examples.ROLLBACK,
+)
 async def rollback(
     domain: DomainPath, body: RollbackCreate, request: Request, principal: Releaser
 ) -> PromotionEventRead:
-    """Move the champion back to the previous one (or `to`): 409 without one."""
+    """Move the champion back to the previous one (or `to`): 409 without one; 503 when the
+    model registry cannot be reached. Scope `models:write`."""
     return await in_transaction(
         request,
         _rollback,

@@ -8,9 +8,10 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Path, Query, Request
 from sqlalchemy.orm import Session
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.feedback import ERRORS
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
 from api.run_schemas import RunCreate, RunList, RunRead, RunStatus
 from flywheel.feedback.values import Name
 from flywheel.registry.models import Run
@@ -18,22 +19,26 @@ from flywheel.scheduling import jobs, runs
 from flywheel.tenancy.models import Domain
 from flywheel.tenancy.service import Principal, Scope
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["runs"])
 
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 Runner = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]
-RunPath = Annotated[uuid.UUID, Path(description="The run's id.")]
+RunPath = Annotated[
+    uuid.UUID, Path(description="The run's id.", examples=["0b7e7a52-3a1d-4f0e-9c55-7d2f1e6a9b10"])
+]
 
 
-@router.get("/runs", responses=ERRORS)
+@router.get("/runs", responses=READ_ERRORS, summary="List runs")
 async def list_runs(
     request: Request,
     principal: Reader,
-    domain: Annotated[Name | None, Query(description="Only this domain's runs.")] = None,
+    domain: Annotated[
+        Name | None, Query(description="Only this domain's runs.", examples=["billing"])
+    ] = None,
     status: Annotated[RunStatus | None, Query(description="Only runs in this status.")] = None,
     limit: Annotated[int, Query(ge=1, le=200, description="At most this many.")] = 50,
 ) -> RunList:
-    """The caller's runs (cycles and trainings), newest first."""
+    """The caller's runs (cycles and trainings), newest first. Scope `data:read`."""
     return await in_transaction(
         request,
         _list,
@@ -44,24 +49,31 @@ async def list_runs(
     )
 
 
-@router.get("/runs/{run_id}", responses=ERRORS)
+@router.get("/runs/{run_id}", responses=READ_ERRORS, summary="Read a run")
 async def read_run(run_id: RunPath, request: Request, principal: Reader) -> RunRead:
-    """One run with its steps; 404 for another tenant's."""
+    """One run with its steps; 404 for another tenant's. Scope `data:read`."""
     return await in_transaction(request, _read, tenant_id=principal.tenant_id, run_id=run_id)
 
 
-@router.post("/runs", status_code=202, responses=ERRORS)
+@router.post(
+    "/runs",
+    status_code=202,
+    responses=WRITE_ERRORS,
+    summary="Queue a cycle",
+    openapi_extra=examples.RUN,
+)
 async def queue_run(body: RunCreate, request: Request, principal: Runner) -> RunRead:
     """Queue a cycle of the domain for the workers: 202 with the queued run; 409 when one is
     already queued (a running one does not stop another from queueing: it waits its turn),
-    or when the database is the embedded SQLite (no workers there)."""
+    or when the database is the embedded SQLite (no workers there). Scope `models:write`."""
     return await in_transaction(request, _queue, tenant_id=principal.tenant_id, domain=body.domain)
 
 
-@router.post("/runs/{run_id}/cancel", responses=ERRORS)
+@router.post("/runs/{run_id}/cancel", responses=WRITE_ERRORS, summary="Cancel a run")
 async def cancel_run(run_id: RunPath, request: Request, principal: Runner) -> RunRead:
     """Cancel a run: a queued one at once (`cancelled`), a running one at its next check
-    (`cancel_requested_at` set). 409 if it has already finished."""
+    (`cancel_requested_at` set). 409 if it has already finished. No body. Scope
+    `models:write`."""
     return await in_transaction(request, _cancel, tenant_id=principal.tenant_id, run_id=run_id)
 
 

@@ -6,7 +6,16 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal, Self
 
-from pydantic import BaseModel, Field, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    model_validator,
+)
 
 from flywheel.feedback.values import (
     ComparisonFeedback,
@@ -20,6 +29,7 @@ from flywheel.feedback.values import (
     RatingFeedback,
     StrictModel,
     Text,
+    check_clean_text,
 )
 
 __all__ = [
@@ -31,6 +41,18 @@ __all__ = [
 ]
 
 MAX_BATCH_EVENTS = 1_000
+MAX_VERSION_CHARS = 32
+MAX_REASON_CHARS = 2_000
+
+# Checked text, as every string of every request is: no NUL bytes, no lone surrogates, bounded.
+Version = Annotated[
+    str,
+    StringConstraints(min_length=1, max_length=MAX_VERSION_CHARS),
+    AfterValidator(check_clean_text),
+]
+Reason = Annotated[
+    str, StringConstraints(max_length=MAX_REASON_CHARS), AfterValidator(check_clean_text)
+]
 
 
 class ErrorDetail(BaseModel):
@@ -183,16 +205,16 @@ class TaskPage(BaseModel):
 class RecipeCreate(StrictModel):
     """How to build a version; every field has the platform default."""
 
-    eval_fraction: float = Field(default=0.1, ge=0, lt=1)
-    replay_fraction: float = Field(default=0.25, ge=0, le=1)
-    ngram: int = Field(default=13, ge=1, le=64)
+    eval_fraction: StrictFloat = Field(default=0.1, ge=0, lt=1)
+    replay_fraction: StrictFloat = Field(default=0.25, ge=0, le=1)
+    ngram: StrictInt = Field(default=13, ge=1, le=64)
     curriculum: Literal["easy_first", "none"] = "easy_first"
-    mix: dict[Name, Annotated[float, Field(gt=0, le=1)]] = Field(
+    mix: dict[Name, Annotated[StrictFloat, Field(gt=0, le=1)]] = Field(
         default_factory=dict, description="Other domain -> share of its train items mixed in."
     )
     source_weights: dict[
         Literal["feedback", "ticket", "repository", "task_file", "api"],
-        Annotated[float, Field(ge=0, le=1e6)],
+        Annotated[StrictFloat, Field(ge=0, le=1e6)],
     ] = Field(default_factory=dict, description="Source kind -> multiplier of its weights.")
 
 
@@ -260,14 +282,20 @@ class ChampionRead(BaseModel):
 
 
 class PromoteCreate(StrictModel):
-    version: str = Field(min_length=1, max_length=32)
-    reason: str = Field(default="", max_length=2000)
-    force: bool = False
+    """Make `version` the domain's champion."""
+
+    version: Version = Field(description="The model version, as `GET /v1/models/{domain}` lists.")
+    reason: Reason = Field(default="", description="Why, for the audit history.")
+    force: StrictBool = Field(
+        default=False, description="Promote even though its gate failed (a JSON boolean)."
+    )
 
 
 class RollbackCreate(StrictModel):
-    to: str | None = Field(default=None, min_length=1, max_length=32)
-    reason: str = Field(default="", max_length=2000)
+    """Move the champion back: to the previous champion, or to the version `to`."""
+
+    to: Version | None = Field(default=None, description="The version to go back to.")
+    reason: Reason = Field(default="", description="Why, for the audit history.")
 
 
 class FeedbackPage(BaseModel):

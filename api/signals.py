@@ -7,9 +7,10 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query, Request, Response
 
+from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.feedback import ERRORS
+from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
 from api.schemas import (
     PreferencePairPage,
     PreferencePairRead,
@@ -23,16 +24,25 @@ from flywheel.signals.candidates import Provenance, TaskCandidate
 from flywheel.signals.models import VerifiableTask
 from flywheel.tenancy.service import Principal, Scope
 
-router = APIRouter(prefix="/v1")
+router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["training signal"])
 
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 Writer = Annotated[Principal, Depends(require(Scope.FEEDBACK_WRITE))]
-DomainQuery = Annotated[Name, Query(description="The domain's name.")]
+DomainQuery = Annotated[Name, Query(description="The domain's name.", examples=["billing"])]
 After = Annotated[uuid.UUID | None, Query(description="The `next_after` of the last page.")]
-Limit = Annotated[int, Query(ge=1, le=500)]
+Limit = Annotated[int, Query(ge=1, le=500, description="At most this many.", examples=[100])]
 
 
-@router.get("/preference-pairs", responses=ERRORS)
+@router.get(
+    "/preference-pairs",
+    responses=READ_ERRORS,
+    summary="List preference pairs",
+    description=(
+        "The domain's compiled preference pairs (chosen and rejected response to the same "
+        "conversation, with why and a weight), oldest first, a page at a time: pass the "
+        "page's `next_after` as `after` for the next one. Scope `data:read`."
+    ),
+)
 async def list_preference_pairs(
     request: Request,
     principal: Reader,
@@ -52,7 +62,16 @@ async def list_preference_pairs(
     return PreferencePairPage(items=items, next_after=page.next_after)
 
 
-@router.get("/tasks", responses=ERRORS)
+@router.get(
+    "/tasks",
+    responses=READ_ERRORS,
+    summary="List verifiable tasks",
+    description=(
+        "The domain's tasks as a model may see them (never the hidden tests, reference "
+        "solution or answer), optionally only those in a verifier `status`, a page at a time "
+        "(`after` = the last page's `next_after`). Scope `data:read`."
+    ),
+)
 async def list_tasks(
     request: Request,
     principal: Reader,
@@ -77,10 +96,16 @@ async def list_tasks(
     "/tasks",
     status_code=201,
     response_model=TaskRead,
-    responses={**ERRORS, 200: {"model": TaskRead, "description": "Already stored."}},
+    responses={**WRITE_ERRORS, 200: {"model": TaskRead, "description": "Already stored."}},
+    summary="Add a verifiable task",
+    openapi_extra=examples.TASK,
 )
 async def create_task(body: TaskCreate, request: Request, principal: Writer) -> Response:
-    """Store a task, pending verifier QA; the same content again returns the stored one (200)."""
+    """Store a task, pending verifier QA; the same content again returns the stored one (200).
+
+    A `code` task needs `entry_point` and `hidden_tests` (Python), an `answer` task `answer`.
+    Tasks of one `group` always land in the same split. Scope `feedback:write`.
+    """
     task_id = body.task_id or str(uuid.uuid4())
     candidate = TaskCandidate(
         provenance=Provenance("api", source_ref=task_id, group_key=body.group or task_id),

@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import anyio
 import httpx
@@ -12,7 +16,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from api.app import create_app
 from flywheel.settings import Settings
-from tests.conftest import Caller, count_rows
+from tests.conftest import Caller, count_rows, make_caller
 
 JSON = {"Content-Type": "application/json"}
 
@@ -43,19 +47,6 @@ def test_malformed_json_is_422(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session], body: bytes
 ) -> None:
     assert_rejected(post_raw(client, acme, body), 422, sessions)
-
-
-def test_invalid_utf8_is_4xx(
-    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
-) -> None:
-    body = (
-        b'{"domain": "billing", "kind": "rating", "prompt": "caf\xe9", '
-        b'"response": "r", "value": {"stars": 3}}'
-    )
-    response = post_raw(client, acme, body)
-
-    assert 400 <= response.status_code < 500
-    assert_rejected(response, response.status_code, sessions)
 
 
 @pytest.mark.parametrize(
@@ -218,4 +209,228 @@ def test_malformed_interaction_id_in_path_is_422(client: TestClient, acme: Calle
     response = client.get("/v1/interactions/not-a-uuid", headers=acme.headers)
 
     assert response.status_code == 422
+    assert response.json()["error"]["code"] == "invalid_input"
+
+
+RELEASER = ("models:write", "data:read")
+
+
+@pytest.mark.parametrize(
+    ("path", "payload"),
+    [
+        ("/v1/models/billing/promote", '{"version": "1\\u0000"}'),
+        ("/v1/models/billing/promote", '{"version": "1", "reason": "nul \\u0000"}'),
+        ("/v1/models/billing/promote", '{"version": "\\ud800"}'),
+        ("/v1/models/billing/rollback", '{"to": "1\\u0000"}'),
+        ("/v1/models/billing/rollback", '{"reason": "lone \\udc00"}'),
+    ],
+)
+def test_nul_and_surrogates_in_promote_and_rollback_are_422(
+    client: TestClient, sessions: sessionmaker[Session], path: str, payload: str
+) -> None:
+    """Schemathesis found a plain-text 500 for a NUL byte in the promoted `version`."""
+    caller = make_caller(sessions, scopes=RELEASER)
+    response = post_raw(client, caller, payload.encode(), path)
+
+    error = assert_rejected(response, 422, sessions)
+    assert error["code"] == "invalid_input"
+    assert count_rows(sessions, "promotion_events") == 0
+
+
+@pytest.mark.parametrize("value", ['"yes"', '"true"', "1", '"1"'])
+def test_force_must_be_a_json_boolean(
+    client: TestClient, sessions: sessionmaker[Session], value: str
+) -> None:
+    caller = make_caller(sessions, scopes=RELEASER)
+    body = b'{"version": "1", "force": ' + value.encode() + b"}"
+
+    error = assert_rejected(
+        post_raw(client, caller, body, "/v1/models/billing/promote"), 422, sessions
+    )
+    assert "force" in error["message"]
+
+
+def test_recipe_numbers_must_be_json_numbers(
+    client: TestClient, sessions: sessionmaker[Session]
+) -> None:
+    caller = make_caller(sessions, scopes=RELEASER)
+    body = b'{"ngram": "13", "eval_fraction": "0.1"}'
+
+    response = post_raw(client, caller, body, "/v1/datasets/billing/versions")
+
+    assert_rejected(response, 422, sessions)
+    assert count_rows(sessions, "dataset_versions") == 0
+
+
+def test_invalid_utf8_is_422_like_any_invalid_body(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    body = (
+        b'{"domain": "billing", "kind": "rating", "prompt": "caf\xe9", '
+        b'"response": "r", "value": {"stars": 3}}'
+    )
+    error = assert_rejected(post_raw(client, acme, body), 422, sessions)
+
+    assert error["code"] == "invalid_input"
+    assert "UTF-8" in error["message"]
+
+
+@pytest.mark.parametrize("depth", [5_000, 100_000])
+def test_deeply_nested_body_is_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], depth: int
+) -> None:
+    nested = b"[" * depth + b"]" * depth
+    body = b'{"domain": "billing", "prompt": "p", "response": "r", "metadata": {"n": ' + nested
+    body += b"}}"
+
+    error = assert_rejected(post_raw(client, acme, body, "/v1/interactions"), 422, sessions)
+    assert error["code"] == "invalid_input"
+
+
+@pytest.mark.parametrize("path", ["/v1/feedback", "/v1/interactions"])
+def test_integer_too_large_to_parse_is_422(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], path: str
+) -> None:
+    huge = b"9" * 5_000  # past Python's 4,300-digit limit on int parsing
+    if path == "/v1/feedback":
+        body = b'{"domain": "billing", "kind": "rating", "prompt": "p", "response": "r", '
+        body += b'"value": {"stars": ' + huge + b"}}"
+    else:
+        body = b'{"domain": "billing", "prompt": "p", "response": "r", "metadata": {"n": '
+        body += huge + b"}}"
+
+    error = assert_rejected(post_raw(client, acme, body, path), 422, sessions)
+    assert error["code"] == "invalid_input"
+    assert "integer" in error["message"]
+
+
+def _leaves(value: Any, path: tuple[Any, ...] = ()) -> Iterator[tuple[tuple[Any, ...], Any]]:
+    """(path, value) of every scalar in a JSON value."""
+    if isinstance(value, dict):
+        for key, item in value.items():
+            yield from _leaves(item, (*path, key))
+    elif isinstance(value, list):
+        for index, item in enumerate(value):
+            yield from _leaves(item, (*path, index))
+    else:
+        yield path, value
+
+
+def _replaced(value: Any, path: tuple[Any, ...], new: Any) -> Any:
+    copy = json.loads(json.dumps(value))
+    parent = copy
+    for part in path[:-1]:
+        parent = parent[part]
+    parent[path[-1]] = new
+    return copy
+
+
+def _hostile(leaf: Any) -> list[Any]:
+    """Values of the wrong kind for a leaf: text with a NUL or a lone surrogate for a string;
+    a string for a boolean or a number (strict: "yes" is not true, "5" is not 5)."""
+    if isinstance(leaf, str):
+        return [f"{leaf}\x00", f"{leaf}\ud800"]
+    if isinstance(leaf, bool):
+        return ["yes", "true", 1]
+    if isinstance(leaf, int | float):
+        return [str(leaf)]
+    return []
+
+
+def _example_bodies() -> list[Any]:
+    """(method, path, example name, body) of every request body example in the API's schema."""
+    document = create_app(Settings(home=Path(".flywheel"))).openapi()
+    found = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            content = operation.get("requestBody", {}).get("content", {})
+            for name, example in content.get("application/json", {}).get("examples", {}).items():
+                case = (method.upper(), path, name, example["value"])
+                found.append(pytest.param(*case, id=f"{method.upper()} {path} {name}"))
+    return found
+
+
+PATH_VALUES = {"{domain}": "billing", "{run_id}": str(uuid.uuid4())}
+
+
+@pytest.mark.parametrize(("method", "path", "name", "body"), _example_bodies())
+def test_every_field_of_every_body_refuses_nul_surrogates_and_loose_types(
+    client: TestClient,
+    sessions: sessionmaker[Session],
+    method: str,
+    path: str,
+    name: str,
+    body: Any,
+) -> None:
+    """Each request example's fields, one at a time, with a hostile value: always a 422."""
+    caller = make_caller(sessions, scopes=("admin",))
+    url = path
+    for template, value in PATH_VALUES.items():
+        url = url.replace(template, value)
+    sent = 0
+    for leaf_path, leaf in _leaves(body):
+        for value in _hostile(leaf):
+            payload = json.dumps(_replaced(body, leaf_path, value)).encode()
+            response = client.request(
+                method, url, content=payload, headers={**caller.headers, **JSON}
+            )
+            assert response.status_code == 422, (name, leaf_path, value, response.text)
+            assert response.json()["error"]["code"] == "invalid_input"
+            sent += 1
+    assert sent > 0 or body == {}
+    assert count_rows(sessions, "interactions") == 0
+    assert count_rows(sessions, "feedback_events") == 0
+
+
+def _text_parameters() -> list[Any]:
+    """(method, url) for each string path or query parameter of every operation (UUIDs aside),
+    that parameter holding a NUL byte and every other one a valid value."""
+    document = create_app(Settings(home=Path(".flywheel"))).openapi()
+    found = []
+    for path, item in document["paths"].items():
+        for method, operation in item.items():
+            parameters = [p for p in operation.get("parameters", []) if p["in"] != "header"]
+            for target in parameters:
+                if not _is_text(target["schema"]):
+                    continue
+                url = _url(path, parameters, target)
+                found.append(pytest.param(method.upper(), url, id=f"{method.upper()} {url}"))
+    return found
+
+
+def _is_text(schema: dict[str, Any]) -> bool:
+    branches = schema.get("anyOf", [schema])
+    return any(b.get("type") == "string" and b.get("format") != "uuid" for b in branches)
+
+
+def _url(path: str, parameters: list[dict[str, Any]], target: dict[str, Any]) -> str:
+    valid = {"domain": "billing", "run_id": str(uuid.uuid4()), "status": None}
+    query = []
+    for parameter in parameters:
+        value = "bil%00ling" if parameter is target else valid.get(parameter["name"])
+        if parameter["in"] == "path":
+            path = path.replace("{" + parameter["name"] + "}", str(value))
+        elif value is not None and (parameter is target or parameter.get("required")):
+            query.append(f"{parameter['name']}={value}")
+    return path + ("?" + "&".join(query) if query else "")
+
+
+TEXT_PARAMETERS = _text_parameters()
+
+
+def test_every_text_parameter_is_swept() -> None:
+    urls = {param.values[1] for param in TEXT_PARAMETERS}
+    assert "/v1/models/bil%00ling/promote" in urls
+    assert "/v1/datasets?domain=bil%00ling" in urls
+    assert "/v1/runs?status=bil%00ling" in urls
+
+
+@pytest.mark.parametrize(("method", "url"), TEXT_PARAMETERS)
+def test_nul_in_path_and_query_parameters_is_422(
+    client: TestClient, sessions: sessionmaker[Session], method: str, url: str
+) -> None:
+    caller = make_caller(sessions, scopes=("admin",))
+    response = client.request(method, url, headers={**caller.headers, **JSON}, content=b"{}")
+
+    assert response.status_code == 422, response.text
     assert response.json()["error"]["code"] == "invalid_input"
