@@ -61,6 +61,12 @@ class Budget:
         for directory in {self.memory, self.pids}:
             directory.mkdir()
         self._procs = [str(path / "cgroup.procs") for path in {self.memory, self.pids}]
+        # Read on every job: kept as plain strings (pathlib costs more than the read itself).
+        v2 = self.version == 2
+        self._usage_file = str(self.memory / ("memory.current" if v2 else "memory.usage_in_bytes"))
+        self._peak_file = str(self.memory / ("memory.peak" if v2 else "memory.max_usage_in_bytes"))
+        self._oom_file = str(self.memory / ("memory.events" if v2 else "memory.oom_control"))
+        self._pids_file = str(self.pids / "pids.current")
         self._baseline_bytes = 0
         self._baseline_processes = 0
         self._oom_kills = 0
@@ -87,7 +93,7 @@ class Budget:
         if self.version == 2:
             _write(self.memory / "memory.peak", "0", missing_ok=True)  # reset: kernel 6.12+
         else:
-            _write(self.memory / "memory.max_usage_in_bytes", "0")
+            _write(Path(self._peak_file), "0")
         self.limit(limits, extra_processes=extra_processes)
 
     def limit(self, limits: Limits, *, extra_processes: int = 0) -> None:
@@ -107,8 +113,9 @@ class Budget:
 
     def job_usage(self) -> JobUsage:
         """The running (or just finished) job's peak memory and whether it was OOM-killed."""
-        peak_file = "memory.peak" if self.version == 2 else "memory.max_usage_in_bytes"
-        peak = _read_int(self.memory / peak_file, default=self._memory_usage())
+        peak = _read_int(self._peak_file, default=-1)
+        if peak < 0:  # no peak counter (cgroup v2 before kernel 5.19): the use now
+            peak = self._memory_usage()
         return JobUsage(
             peak_memory_mb=max(0, peak - self._baseline_bytes) / MIB,
             is_oom_killed=self.is_overrun(),
@@ -124,7 +131,7 @@ class Budget:
         return self._oom_kill_count() > self._oom_kills
 
     def processes(self) -> int:
-        return _read_int(self.pids / "pids.current", default=0)
+        return _read_int(self._pids_file, default=0)
 
     def remove(self) -> bool:
         """Remove the cgroup(s); False while a process (a zombie not yet reaped included) is
@@ -138,20 +145,19 @@ class Budget:
         return True
 
     def _memory_usage(self) -> int:
-        name = "memory.current" if self.version == 2 else "memory.usage_in_bytes"
-        return _read_int(self.memory / name, default=0)
+        return _read_int(self._usage_file, default=0)
 
     def _oom_kill_count(self) -> int:
-        name = "memory.events" if self.version == 2 else "memory.oom_control"
-        text = (self.memory / name).read_text()
-        fields = dict(line.split() for line in text.splitlines() if len(line.split()) == 2)
+        fields = dict(
+            line.split() for line in _read(self._oom_file).splitlines() if len(line.split()) == 2
+        )
         return int(fields.get("oom_kill", 0))
 
     def _set_v1_memory_limit(self, budget: int) -> None:
         """memory+swap may never be below memory: raise it first, lower it last."""
         swap = self.memory / "memory.memsw.limit_in_bytes"
         limit = self.memory / "memory.limit_in_bytes"
-        order = [swap, limit] if _read_int(limit, default=0) < budget else [limit, swap]
+        order = [swap, limit] if _read_int(str(limit), default=0) < budget else [limit, swap]
         for path in order:
             if path.exists():
                 _write(path, str(budget))
@@ -254,9 +260,14 @@ def _write(path: Path, text: str, *, missing_ok: bool = False) -> None:
             raise
 
 
-def _read_int(path: Path, *, default: int) -> int:
+def _read(path: str) -> str:
+    with open(path, "rb", buffering=0) as file:
+        return file.read().decode()
+
+
+def _read_int(path: str, *, default: int) -> int:
     try:
-        text = path.read_text().strip()
+        text = _read(path).strip()
     except OSError:
         return default
     return int(text) if text.isdigit() else default

@@ -10,7 +10,6 @@ e.g. a MemoryError; a pass never does.)
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -25,7 +24,7 @@ from typing import Any
 from flywheel.errors import InvalidInput
 from flywheel.sandbox.budget import fallback_limits
 from flywheel.sandbox.limits import Limits
-from flywheel.sandbox.process import check_available, is_unsafe_local, reap_orphans
+from flywheel.sandbox.process import check_available, is_unsafe_local
 from flywheel.sandbox.verdict import Reason, TestResult, Verdict
 from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmSandbox
 
@@ -147,7 +146,6 @@ def _finish_job(
         RUNNERS.give_back(runner, is_healthy=runner_report is not None)
     finally:
         os.close(output_fd)
-        reap_orphans()
     return zygote_report
 
 
@@ -200,7 +198,7 @@ def _start(
 def _candidate_limits(zygote: WarmSandbox, limits: Limits) -> dict[str, object]:
     """The job's limits as the zygote applies them: the whole budget in the sandbox's cgroup
     and as each process's address space, or, without a cgroup, split between processes."""
-    job = dataclasses.asdict(limits)
+    job = dict(vars(limits))  # its fields: plain numbers (asdict's deep copy costs more)
     if zygote.budget is not None:  # the zygote makes the next job's child meanwhile
         zygote.budget.start_job(limits, extra_processes=ZYGOTE_HELD_PROCESSES)
         return {**job, "process_memory_mb": limits.memory_mb}

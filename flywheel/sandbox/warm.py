@@ -123,10 +123,11 @@ class WarmSandbox:
         self.sandbox.stop(grace_s=1.0)
         self._files.close()
         deadline = time.monotonic() + BUDGET_REMOVE_WAIT_S
+        reap_orphans()  # the sandbox's init, adopted by us once bwrap has gone
         while self.budget is not None and not self.budget.remove():
             if time.monotonic() > deadline:
                 break  # left for remove_parents at exit
-            reap_orphans()  # the sandbox's init, adopted by us, may be its last process
+            reap_orphans()  # it may still have been dying: the cgroup's last process
             time.sleep(0.01)
 
 
