@@ -77,6 +77,22 @@ def {entry_point}(*args, **kwargs):
         os.fork()
 """
 MEMINFO_EVERY_S = 0.02
+# The fan-out sample's floor, with no sandbox at all: its children touching the whole memory
+# budget (the kernel OOM-kills it once they have), timed inside the script.
+TOUCH_BUDGET = """
+import os, time
+started = time.perf_counter()
+children = []
+for _ in range({children}):
+    pid = os.fork()
+    if pid == 0:
+        bytearray({share_mb} * 2**20)  # zero-filled: every page touched
+        os._exit(0)
+    children.append(pid)
+for pid in children:
+    os.waitpid(pid, 0)
+print(time.perf_counter() - started)
+"""
 
 
 def load_tasks() -> list[Task]:
@@ -225,6 +241,15 @@ def hostile_batches(tasks: list[Task]) -> tuple[Batch, Batch]:
     return honest, mixed
 
 
+def touch_budget_s(memory_mb: int) -> float:
+    """Seconds for FAN_OUT_CHILDREN unsandboxed processes to touch `memory_mb` between them."""
+    script = TOUCH_BUDGET.format(children=FAN_OUT_CHILDREN, share_mb=memory_mb // FAN_OUT_CHILDREN)
+    done = subprocess.run(
+        [SANDBOX_PYTHON, "-I", "-S", "-c", script], capture_output=True, text=True, check=True
+    )
+    return float(done.stdout)
+
+
 def mem_available_mb() -> float:
     with open("/proc/meminfo", encoding="ascii") as meminfo:
         for line in meminfo:
@@ -262,11 +287,13 @@ def hostile_section(rounds: int) -> None:
         batch.seconds.clear()
         batch.kind_seconds.clear()
     drops_mb: list[float] = []
+    floors_s: list[float] = []
     for _ in range(rounds):
         honest.score(reward)
         with lowest_mem_available() as memory:
             mixed.score(reward)
         drops_mb.append(memory["before"] - memory["lowest"])
+        floors_s.append(touch_budget_s(reward.limits.memory_mb))
     limits = reward.limits
     print(
         f"\nCodeReward(mode='fraction', max_workers={reward.max_workers}), Limits() (wall "
@@ -285,6 +312,12 @@ def hostile_section(rounds: int) -> None:
         f"(median {statistics.median(drops_mb):.0f}), {max(drops_mb) / concurrent:.0f} MB per "
         f"concurrent sandbox ({concurrent}); promise: under 2 x {limits.memory_mb} = "
         f"{2 * limits.memory_mb} MB per concurrent sandbox"
+    )
+    floor_s = statistics.median(floors_s)
+    print(
+        f"floor: {FAN_OUT_CHILDREN} unsandboxed processes touching {limits.memory_mb} MB take "
+        f"{floor_s:.2f} s (median), {floor_s / statistics.median(honest.seconds):.2f} x honest "
+        "alone: no sandbox can score the fan-out before its memory is touched"
     )
     print("goal: mixed batch <= 1.2 x honest alone")
 
