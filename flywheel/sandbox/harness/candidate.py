@@ -1,11 +1,13 @@
 """Candidate side: a zygote that gives each solution a fresh, isolated child to run in.
 
-This process starts once per warm sandbox, never runs candidate code itself, and for each
-job forks a child that enters new user, mount, pid, IPC, UTS and network namespaces (fresh
-size-capped /work, /tmp and /dev/shm, its own /proc, SysV IPC and loopback, pid 1 of its own
-pid namespace so nothing it starts outlives it), asks to be the OOM killer's first choice,
-sets the job's rlimits, drops every capability, installs the seccomp filter, then loads the
-solution and answers calls, one line each way in the plain-value text of literals.py.
+This process starts once per warm sandbox, never runs candidate code itself, and gives each
+job a child of its own, forked while the previous job ran (`Prepared`), that enters new user,
+mount, pid, IPC, UTS and network namespaces (fresh size-capped /work, /tmp and /dev/shm, its
+own /proc, SysV IPC and loopback, pid 1 of its own pid namespace so nothing it starts
+outlives it), asks to be the OOM killer's first choice, drops every capability and installs
+the seccomp filter; then waits. Once its job arrives it sets the job's rlimits, loads the
+solution and answers calls, one line each way in the plain-value text of literals.py. A
+child serves one job only; jobs share nothing but the zygote they were forked from.
 Nothing it makes survives the job: every namespace and mount of it dies with its last
 process, and kernel keys cannot be made at all:
 
