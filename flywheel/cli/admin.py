@@ -9,10 +9,11 @@ from typing import Any
 import typer
 import yaml
 
-from flywheel.cli.common import JsonOption, database_session, emit
+from flywheel.cli.common import JsonOption, database_session, emit, settings
 from flywheel.errors import InvalidInput
 from flywheel.scheduling.config import cycle_settings
 from flywheel.tenancy import service
+from flywheel.tenancy.revocation import key_revocations
 from flywheel.tenancy.service import get_domain
 
 tenants = typer.Typer(help="Create and list tenants.", no_args_is_help=True)
@@ -103,7 +104,8 @@ def revoke_key(
     except ValueError as error:
         raise InvalidInput(f"{key_id!r} is not a key id (a UUID)") from error
     with database_session() as session:
-        key = service.revoke_api_key(session=session, key_id=parsed)
+        revocations = key_revocations(settings())
+        key = service.revoke_api_key(session=session, key_id=parsed, revocations=revocations)
         data = {
             "id": str(key.id),
             "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,
