@@ -8,8 +8,10 @@ error, never skip, without it. Each test writes under a key prefix of its own.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
@@ -20,8 +22,12 @@ import httpx
 import psutil
 import pytest
 import redis
+import redis.asyncio as aioredis
 from sqlalchemy.orm import Session, sessionmaker
 
+from api.auth_stores import KnownKey, RedisKeyCache
+from flywheel.tenancy.revocation import RedisRevocations
+from flywheel.tenancy.service import LiveKey, Principal
 from tests.integration.test_server import clean_env, cli, server
 
 REDIS_URL = os.environ.get("FLYWHEEL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -173,3 +179,27 @@ def test_a_revoked_key_is_refused_by_both_workers_at_once(
     prefix = issued["key"].split("_")[1]
     with redis.Redis.from_url(REDIS_URL) as client:
         assert client.exists(f"{redis_prefix}:auth:unknown:{prefix}") == 1
+
+
+def test_the_shared_cache_forgets_a_revoked_key_and_remembers_unknown_prefixes(
+    redis_prefix: str,
+) -> None:
+    prefix = "0123456789abcdef"
+    principal = Principal(key_id=uuid.uuid4(), tenant_id=uuid.uuid4(), scopes=frozenset({"admin"}))
+    known = KnownKey(LiveKey(principal=principal, secret_sha256="ab" * 32), verified_at=time.time())
+
+    async def scenario() -> list[tuple[KnownKey | None, bool]]:
+        client = aioredis.Redis.from_url(REDIS_URL)
+        cache = RedisKeyCache(client, namespace=redis_prefix, keep_s=60, unknown_ttl_s=30)
+        try:
+            await cache.remember(prefix, known)
+            remembered = await cache.recall(prefix)
+            RedisRevocations(REDIS_URL, redis_prefix).revoked(prefix)
+            revoked = await cache.recall(prefix)
+            await cache.remember(prefix, known)
+            await cache.mark_unknown(prefix)
+            return [remembered, revoked, await cache.recall(prefix)]
+        finally:
+            await client.aclose()
+
+    assert asyncio.run(scenario()) == [(known, False), (None, False), (None, True)]
