@@ -3,7 +3,8 @@
 In this process by default (the embedded setup, `flywheel demo`, the SQLite tests); in Redis
 when `FLYWHEEL_REDIS_URL` is set, so that every worker and host shares one limit per key and
 per client address, one cache of unknown prefixes, and sees a revocation at once. Rate limits
-are `limits`' moving windows, on its memory or Redis storage.
+are `limits`' windows on its memory or Redis storage: a moving window per key (exact), a fixed
+window per client address (a counter: cheap however many addresses a flood comes from).
 """
 
 from __future__ import annotations
@@ -17,9 +18,9 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 from cachetools import TTLCache
-from limits import RateLimitItem, RateLimitItemPerSecond
+from limits import RateLimitItem, RateLimitItemPerSecond, WindowStats
 from limits.aio.storage import MemoryStorage, RedisStorage, Storage
-from limits.aio.strategies import MovingWindowRateLimiter
+from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
 
 from flywheel.errors import RateLimited
 from flywheel.settings import Settings
@@ -138,33 +139,36 @@ class RequestLimits:
     """The rate limit per key and the budget of failed requests per client address."""
 
     def __init__(self, storage: Storage, *, key_limit: RateLimitItem, address_limit: RateLimitItem):
-        self._limiter = MovingWindowRateLimiter(storage)
+        self._keys = MovingWindowRateLimiter(storage)
+        self._addresses = FixedWindowRateLimiter(storage)
         self._key_limit = key_limit
         self._address_limit = address_limit
 
     async def take_key(self, key_id: uuid.UUID) -> None:
-        if not await self._limiter.hit(self._key_limit, "key", str(key_id)):
-            retry_after_s = await self._retry_after_s(self._key_limit, "key", str(key_id))
-            raise RateLimited("rate limit exceeded for this API key", retry_after_s=retry_after_s)
+        if not await self._keys.hit(self._key_limit, "key", str(key_id)):
+            stats = await self._keys.get_window_stats(self._key_limit, "key", str(key_id))
+            raise RateLimited(
+                "rate limit exceeded for this API key", retry_after_s=_retry_after_s(stats)
+            )
 
     async def check_address(self, address: str) -> None:
         """Refuse the address if its failure budget is spent (a test: it costs nothing)."""
-        if not await self._limiter.test(self._address_limit, "address", address):
+        if not await self._addresses.test(self._address_limit, "address", address):
             await self.refuse_address(address)
 
     async def charge_address(self, address: str) -> bool:
         """Count one failed request against the address; False if its budget was spent."""
-        return await self._limiter.hit(self._address_limit, "address", address)
+        return await self._addresses.hit(self._address_limit, "address", address)
 
     async def refuse_address(self, address: str) -> None:
-        retry_after_s = await self._retry_after_s(self._address_limit, "address", address)
+        stats = await self._addresses.get_window_stats(self._address_limit, "address", address)
         raise AddressRefused(
-            "too many failed requests from this address", retry_after_s=retry_after_s
+            "too many failed requests from this address", retry_after_s=_retry_after_s(stats)
         )
 
-    async def _retry_after_s(self, item: RateLimitItem, *identifiers: str) -> float:
-        stats = await self._limiter.get_window_stats(item, *identifiers)
-        return max(0.0, stats.reset_time - time.time())
+
+def _retry_after_s(stats: WindowStats) -> float:
+    return max(0.0, stats.reset_time - time.time())
 
 
 @dataclass(frozen=True)

@@ -155,9 +155,9 @@ class Settings(BaseSettings):
     address_failure_limit: int = Field(
         default=60,
         ge=1,
-        description="Failed requests (401, 403, 429) a client address may make in "
-        "FLYWHEEL_ADDRESS_FAILURE_WINDOW_S; past it, the address's requests that need a "
-        "database lookup are refused with 429 before any database work.",
+        description="Failed requests (401, 403, 429) a client address may make in a window of "
+        "FLYWHEEL_ADDRESS_FAILURE_WINDOW_S from its first; past it, the address's requests that "
+        "need a key lookup are refused with 429 before any database work.",
     )
     address_failure_window_s: int = Field(
         default=60, ge=1, description="The window of FLYWHEEL_ADDRESS_FAILURE_LIMIT, seconds."
