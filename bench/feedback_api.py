@@ -8,7 +8,8 @@
 3. Flood: a legitimate client's p99 latency (`POST /v1/feedback`, 2 connections) quiet vs while
    `--flood-connections` connections send well-formed keys that do not exist (a random prefix
    per request, so no cache of known-bad keys helps), from the same loopback address; quiet
-   and flooded runs alternate, the median round counts.
+   and flooded runs alternate, the median round counts. The servers take FLYWHEEL_* settings
+   from the environment: FLYWHEEL_REDIS_URL=redis://127.0.0.1:6379/0 runs it on shared limits.
 
     python -m bench.feedback_api [--duration-s 10] [--rounds 3] [--connections 32]
                                  [--sections single,batch,flood] [--flood-connections 64]

@@ -98,7 +98,8 @@ def list_keys(tenant: str = TenantOption, as_json: bool = JsonOption) -> None:
 def revoke_key(
     key_id: str = typer.Argument(..., help="The key's id."), as_json: bool = JsonOption
 ) -> None:
-    """Revoke an API key; it stops working within the API's auth cache TTL."""
+    """Revoke an API key; it stops working within the API's auth cache TTL (at once with
+    FLYWHEEL_REDIS_URL)."""
     try:
         parsed = uuid.UUID(key_id)
     except ValueError as error:

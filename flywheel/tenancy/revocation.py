@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from flywheel.errors import InvalidState
 from flywheel.settings import Settings
 
 
@@ -37,10 +38,17 @@ class RedisRevocations:
         self._namespace = namespace
 
     def revoked(self, prefix: str) -> None:
+        """Raises InvalidState if Redis cannot be reached: the revocation is then rolled back,
+        rather than left to the TTL on some workers and not others."""
         import redis  # here: only a configured shared store needs the client
 
-        with redis.Redis.from_url(self._redis_url) as client:
-            client.delete(known_key_name(self._namespace, prefix))
+        try:
+            with redis.Redis.from_url(self._redis_url, socket_timeout=5) as client:
+                client.delete(known_key_name(self._namespace, prefix))
+        except redis.RedisError as error:
+            raise InvalidState(
+                f"could not reach Redis to revoke the key everywhere, nothing revoked: {error}"
+            ) from error
 
 
 def key_revocations(settings: Settings) -> KeyRevocations | None:

@@ -26,9 +26,10 @@ import redis.asyncio as aioredis
 from sqlalchemy.orm import Session, sessionmaker
 
 from api.auth_stores import KnownKey, RedisKeyCache
+from flywheel.errors import InvalidState
 from flywheel.tenancy.revocation import RedisRevocations
 from flywheel.tenancy.service import LiveKey, Principal
-from tests.integration.test_server import clean_env, cli, server
+from tests.integration.test_server import clean_env, cli, free_port, server
 
 REDIS_URL = os.environ.get("FLYWHEEL_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -203,3 +204,10 @@ def test_the_shared_cache_forgets_a_revoked_key_and_remembers_unknown_prefixes(
             await client.aclose()
 
     assert asyncio.run(scenario()) == [(known, False), (None, False), (None, True)]
+
+
+def test_revoking_without_the_configured_redis_fails_rather_than_half_revokes() -> None:
+    unreachable = RedisRevocations(f"redis://127.0.0.1:{free_port()}/0", "flywheel-test")
+
+    with pytest.raises(InvalidState, match="could not reach Redis"):
+        unreachable.revoked("0123456789abcdef")
