@@ -8,8 +8,9 @@
 3. Flood: a legitimate client's p99 latency (`POST /v1/feedback`, 2 connections) quiet vs while
    `--flood-connections` connections send well-formed keys that do not exist (a random prefix
    per request, so no cache of known-bad keys helps), from the same loopback address; quiet
-   and flooded runs alternate, the median round counts. The servers take FLYWHEEL_* settings
-   from the environment: FLYWHEEL_REDIS_URL=redis://127.0.0.1:6379/0 runs it on shared limits.
+   and flooded runs alternate, and the median of the rounds' flooded/quiet ratios counts. The
+   servers take FLYWHEEL_* settings from the environment: FLYWHEEL_REDIS_URL=redis://... runs
+   it on shared limits, FLYWHEEL_ADDRESS_REFUSAL_DELAY_S=0 without holding refusals back.
 
     python -m bench.feedback_api [--duration-s 10] [--rounds 3] [--connections 32]
                                  [--sections single,batch,flood] [--flood-connections 64]
@@ -370,9 +371,18 @@ def flood(database_url: str, key: str, args: argparse.Namespace) -> None:
     print(f"{'run':<12}{'req/s':>10}{'p50 ms':>10}{'p99 ms':>10}")
     for name, row in medians.items():
         print(f"{name:<12}{row['rps']:>10.0f}{row['p50_ms']:>10.2f}{row['p99_ms']:>10.2f}")
-    ratio = medians["flooded"]["p99_ms"] / medians["quiet"]["p99_ms"]
-    p50_ratio = medians["flooded"]["p50_ms"] / medians["quiet"]["p50_ms"]
-    print(f"ratio flooded/quiet p99: {ratio:.2f}  (goal <= 2)   p50: {p50_ratio:.2f}")
+    # Each round's quiet and flooded runs are side by side: the median of the rounds' ratios.
+    ratios = {
+        metric: statistics.median(
+            flooded[metric] / quiet[metric]
+            for quiet, flooded in zip(rows["quiet"], rows["flooded"], strict=True)
+        )
+        for metric in ("p99_ms", "p50_ms")
+    }
+    print(
+        f"ratio flooded/quiet p99 (median of rounds): {ratios['p99_ms']:.2f}  (goal <= 2)"
+        f"   p50: {ratios['p50_ms']:.2f}"
+    )
 
 
 def flooded_run(
