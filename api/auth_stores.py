@@ -3,8 +3,7 @@
 In this process by default (the embedded setup, `flywheel demo`, the SQLite tests); in Redis
 when `FLYWHEEL_REDIS_URL` is set, so that every worker and host shares one limit per key and
 per client address, one cache of unknown prefixes, and sees a revocation at once. Rate limits
-are `limits`' windows on its memory or Redis storage: a moving window per key (exact), a fixed
-window per client address (a counter: cheap however many addresses a flood comes from).
+are `limits`' windows on its memory or Redis storage.
 """
 
 from __future__ import annotations
@@ -18,9 +17,10 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 from cachetools import TTLCache
-from limits import RateLimitItem, RateLimitItemPerSecond, WindowStats
-from limits.aio.storage import MemoryStorage, RedisStorage, Storage
-from limits.aio.strategies import FixedWindowRateLimiter, MovingWindowRateLimiter
+from limits import RateLimitItem, RateLimitItemPerSecond, WindowStats, strategies
+from limits.aio import strategies as aio_strategies
+from limits.aio.storage import RedisStorage
+from limits.storage import MemoryStorage
 
 from flywheel.errors import RateLimited
 from flywheel.settings import Settings
@@ -135,12 +135,49 @@ class AddressRefused(RateLimited):
     """The client address spent its budget of failed requests."""
 
 
-class RequestLimits:
-    """The rate limit per key and the budget of failed requests per client address."""
+class Limiter(Protocol):
+    """The part of `limits`' (async) strategies used here."""
 
-    def __init__(self, storage: Storage, *, key_limit: RateLimitItem, address_limit: RateLimitItem):
-        self._keys = MovingWindowRateLimiter(storage)
-        self._addresses = FixedWindowRateLimiter(storage)
+    async def hit(self, item: RateLimitItem, *identifiers: str) -> bool: ...
+
+    async def test(self, item: RateLimitItem, *identifiers: str) -> bool: ...
+
+    async def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats: ...
+
+
+class InProcessLimiter:
+    """A synchronous `limits` strategy on its memory storage, behind the async interface: it
+    does no I/O, so it runs on the event loop directly. (The async memory storage starts an
+    expiry task, and a thread hop per window, on nearly every call: about 150 us of CPU per
+    request here, against 40 us for this.)"""
+
+    def __init__(self, limiter: strategies.RateLimiter) -> None:
+        self._limiter = limiter
+
+    async def hit(self, item: RateLimitItem, *identifiers: str) -> bool:
+        return self._limiter.hit(item, *identifiers)
+
+    async def test(self, item: RateLimitItem, *identifiers: str) -> bool:
+        return self._limiter.test(item, *identifiers)
+
+    async def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:
+        return self._limiter.get_window_stats(item, *identifiers)
+
+
+class RequestLimits:
+    """The rate limit per key (a moving window: exact) and the budget of failed requests per
+    client address (a fixed window: a counter, cheap however many addresses a flood uses)."""
+
+    def __init__(
+        self,
+        *,
+        keys: Limiter,
+        addresses: Limiter,
+        key_limit: RateLimitItem,
+        address_limit: RateLimitItem,
+    ) -> None:
+        self._keys = keys
+        self._addresses = addresses
         self._key_limit = key_limit
         self._address_limit = address_limit
 
@@ -189,10 +226,13 @@ def make_auth_stores(settings: Settings) -> AuthStores:
     address_limit = RateLimitItemPerSecond(
         settings.address_failure_limit, settings.address_failure_window_s
     )
-    storage: Storage
+    keys: Limiter
+    addresses: Limiter
     cache: KeyCache
     if settings.redis_url is None:
         storage = MemoryStorage()
+        keys = InProcessLimiter(strategies.MovingWindowRateLimiter(storage))
+        addresses = InProcessLimiter(strategies.FixedWindowRateLimiter(storage))
         cache = MemoryKeyCache(
             keep_s=keep_s,
             unknown_ttl_s=settings.unknown_key_cache_ttl_s,
@@ -201,14 +241,18 @@ def make_auth_stores(settings: Settings) -> AuthStores:
     else:
         url = settings.redis_url.get_secret_value()
         namespace = settings.redis_key_prefix
-        storage = RedisStorage(
+        shared = RedisStorage(
             f"async+{url}", implementation="redispy", key_prefix=f"{namespace}:limits"
         )
+        keys = aio_strategies.MovingWindowRateLimiter(shared)
+        addresses = aio_strategies.FixedWindowRateLimiter(shared)
         cache = RedisKeyCache(
             aioredis.Redis.from_url(url),
             namespace=namespace,
             keep_s=keep_s,
             unknown_ttl_s=settings.unknown_key_cache_ttl_s,
         )
-    limits = RequestLimits(storage, key_limit=key_limit(settings), address_limit=address_limit)
+    limits = RequestLimits(
+        keys=keys, addresses=addresses, key_limit=key_limit(settings), address_limit=address_limit
+    )
     return AuthStores(cache=cache, limits=limits)
