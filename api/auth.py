@@ -11,6 +11,7 @@ the address's budget, so a flood from the same address does not lock it out.
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable
 
@@ -53,14 +54,19 @@ class KeyAuthenticator:
                 raise Forbidden(f"this API key lacks the {scope.value!r} scope")
             await self.limits.take_key(principal.key_id)
         except AddressRefused:
-            await asyncio.sleep(self._refusal_delay_s)
+            await self._hold_back()
             raise
         except AuthFailure:
             if not await self.limits.charge_address(address):
-                await asyncio.sleep(self._refusal_delay_s)
+                await self._hold_back()
                 await self.limits.refuse_address(address)
             raise
         return principal
+
+    async def _hold_back(self) -> None:
+        """Delay a refusal: half to one and a half times the delay, so that a flood's
+        connections, refused together, do not all come back in step."""
+        await asyncio.sleep(self._refusal_delay_s * random.uniform(0.5, 1.5))
 
     async def authenticate(self, raw_key: str, address: str) -> Principal:
         parts = split_key(raw_key)

@@ -166,6 +166,7 @@ class Settings(BaseSettings):
         default=1.0,
         ge=0,
         le=10,
-        description="How long a refused address's 429 is held back: a client that retries in a "
-        "loop then sends one request per connection per delay, not thousands per second.",
+        description="How long a refused address's 429 is held back (0.5-1.5 times this, at "
+        "random): a client that retries in a loop then sends one request per connection per "
+        "delay, not thousands per second.",
     )

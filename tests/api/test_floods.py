@@ -164,4 +164,4 @@ def test_a_refused_address_waits_for_its_429(
         waited_s = time.monotonic() - started
 
     assert (first.status_code, second.status_code) == (401, 429)
-    assert waited_s >= 0.3
+    assert waited_s >= 0.15  # at least half the delay (it is jittered)
