@@ -10,7 +10,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 import flywheel
 from api import datasets, feedback, health, registry, runs, signals
-from api.auth import KeyAuthenticator, RateLimiter
+from api.auth import make_authenticator
 from api.errors import install_error_handlers
 from api.middleware import ApiMetrics, BodyLimit, RequestMetrics, RequireJson
 from api.openapi import DESCRIPTION, install_docs
@@ -47,8 +47,7 @@ def create_app(
     app.state.settings = settings
     app.state.sessions = sessions
     app.state.metrics = metrics
-    app.state.authenticator = KeyAuthenticator(sessions, ttl_s=settings.auth_cache_ttl_s)
-    app.state.rate_limiter = RateLimiter(settings.rate_limit_per_s, settings.rate_limit_burst)
+    app.state.authenticator = make_authenticator(settings, sessions)
     install_error_handlers(app)
     install_docs(app)
     app.include_router(health.router)

@@ -1,79 +1,124 @@
-"""Bearer API keys: authenticate, check the scope, apply the per-key rate limit."""
+"""Bearer API keys: authenticate, check the scope, apply the per-key rate limit.
+
+Floods cost the client address, not the database: every failed request (401, 403, 429) is
+counted against the address it came from, and once an address has spent its budget, its
+requests that would need a database lookup are refused with 429 (held back a moment) before
+any database work. A prefix found to have no live key is refused from a short cache. A key
+already verified is trusted for the auth cache TTL, then looked up again; its lookups skip
+the address's budget, so a flood from the same address does not lock it out.
+"""
 
 from __future__ import annotations
 
-import threading
+import asyncio
+import random
 import time
-import uuid
 from collections.abc import Awaitable, Callable
 
 from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
+from api.auth_stores import AddressRefused, AuthStores, KnownKey, make_auth_stores
 from flywheel.errors import Forbidden, RateLimited, Unauthenticated
-from flywheel.tenancy.service import Principal, Scope, load_principal, split_key
+from flywheel.settings import Settings
+from flywheel.tenancy.service import LiveKey, Principal, Scope, load_live_key, split_key
 
-MAX_CACHED_KEYS = 10_000
+AuthFailure = (Unauthenticated, Forbidden, RateLimited)
 
 
 class KeyAuthenticator:
-    """Looks keys up in the database, trusting a hit for `ttl_s` seconds in this process."""
+    """Who is calling, from the caches when they know, else from the database."""
 
-    def __init__(self, sessions: sessionmaker[Session], ttl_s: float) -> None:
+    def __init__(
+        self,
+        sessions: sessionmaker[Session],
+        stores: AuthStores,
+        *,
+        ttl_s: float,
+        refusal_delay_s: float = 0.0,
+    ) -> None:
         self._sessions = sessions
+        self._cache = stores.cache
+        self.limits = stores.limits
         self._ttl_s = ttl_s
-        self._cache: dict[str, tuple[Principal, float]] = {}
+        self._refusal_delay_s = refusal_delay_s
 
-    def cached(self, raw_key: str) -> Principal | None:
-        hit = self._cache.get(raw_key)
-        if hit is not None and hit[1] > time.monotonic():
-            return hit[0]
-        return None
+    async def authorize(self, request: Request, scope: Scope) -> Principal:
+        """The caller's principal, if its key is valid, in scope and under its limit; every
+        failure counts against the client's address."""
+        address = client_address(request)
+        try:
+            principal = await self.authenticate(bearer_key(request), address)
+            if not principal.has_scope(scope):
+                raise Forbidden(f"this API key lacks the {scope.value!r} scope")
+            await self.limits.take_key(principal.key_id)
+        except AddressRefused:
+            await self._hold_back()
+            raise
+        except AuthFailure:
+            if not await self.limits.charge_address(address):
+                await self._hold_back()
+                await self.limits.refuse_address(address)
+            raise
+        return principal
 
-    def lookup(self, raw_key: str) -> Principal:
+    async def _hold_back(self) -> None:
+        """Delay a refusal: half to one and a half times the delay, so that a flood's
+        connections, refused together, do not all come back in step."""
+        await asyncio.sleep(self._refusal_delay_s * random.uniform(0.5, 1.5))
+
+    async def authenticate(self, raw_key: str, address: str) -> Principal:
         parts = split_key(raw_key)
         if parts is None:
             raise Unauthenticated("malformed API key")
-        with self._sessions() as session:
-            principal = load_principal(session=session, prefix=parts[0], secret=parts[1])
-        if principal is None:
+        prefix, secret = parts
+        known, is_unknown = await self._cache.recall(prefix)
+        if known is not None and known.live.matches(secret):
+            if time.time() < known.verified_at + self._ttl_s:
+                return known.live.principal
+        else:
+            await self.limits.check_address(address)
+            if is_unknown:
+                raise Unauthenticated("unknown or revoked API key")
+        return await self._look_up(prefix, secret)
+
+    async def _look_up(self, prefix: str, secret: str) -> Principal:
+        live = await run_in_threadpool(self._load, prefix)
+        if live is None:
+            await self._cache.mark_unknown(prefix)
             raise Unauthenticated("unknown or revoked API key")
-        if self._ttl_s > 0:
-            if len(self._cache) >= MAX_CACHED_KEYS:
-                self._cache.clear()
-            self._cache[raw_key] = (principal, time.monotonic() + self._ttl_s)
-        return principal
+        if not live.matches(secret):
+            raise Unauthenticated("unknown or revoked API key")
+        await self._cache.remember(prefix, KnownKey(live=live, verified_at=time.time()))
+        return live.principal
+
+    def _load(self, prefix: str) -> LiveKey | None:
+        with self._sessions() as session:
+            return load_live_key(session=session, prefix=prefix)
 
 
-class RateLimiter:
-    """A token bucket per API key, in this process: `rate_per_s` sustained, `burst` at once."""
+def make_authenticator(settings: Settings, sessions: sessionmaker[Session]) -> KeyAuthenticator:
+    return KeyAuthenticator(
+        sessions,
+        make_auth_stores(settings),
+        ttl_s=settings.auth_cache_ttl_s,
+        refusal_delay_s=settings.address_refusal_delay_s,
+    )
 
-    def __init__(self, rate_per_s: float, burst: int) -> None:
-        self._rate_per_s = rate_per_s
-        self._burst = float(burst)
-        self._buckets: dict[uuid.UUID, tuple[float, float]] = {}
-        self._lock = threading.Lock()
 
-    def take(self, key_id: uuid.UUID) -> None:
-        now = time.monotonic()
-        with self._lock:
-            tokens, last = self._buckets.get(key_id, (self._burst, now))
-            tokens = min(self._burst, tokens + (now - last) * self._rate_per_s)
-            if tokens < 1.0:
-                self._buckets[key_id] = (tokens, now)
-                retry_after_s = (1.0 - tokens) / self._rate_per_s
-                raise RateLimited(
-                    "rate limit exceeded for this API key", retry_after_s=retry_after_s
-                )
-            self._buckets[key_id] = (tokens - 1.0, now)
+def client_address(request: Request) -> str:
+    """The peer's address (behind a trusted proxy, uvicorn's --forwarded-allow-ips sets it)."""
+    return request.client.host if request.client is not None else "unknown"
 
 
 def bearer_key(request: Request) -> str:
-    header = request.headers.get("authorization")
-    if not header:
+    headers = request.headers.getlist("authorization")
+    if not headers:
         raise Unauthenticated("missing Authorization: Bearer <API key> header")
-    scheme, _, raw_key = header.partition(" ")
+    if len(headers) > 1:
+        raise Unauthenticated("send one Authorization header, not several")
+    scheme, _, raw_key = headers[0].partition(" ")
     if scheme.lower() != "bearer" or not raw_key.strip():
         raise Unauthenticated("the Authorization header must be 'Bearer <API key>'")
     return raw_key.strip()
@@ -83,14 +128,7 @@ def require(scope: Scope) -> Callable[[Request], Awaitable[Principal]]:
     """A dependency: the caller's principal, if its key is valid, in scope and under its limit."""
 
     async def dependency(request: Request) -> Principal:
-        raw_key = bearer_key(request)
         authenticator: KeyAuthenticator = request.app.state.authenticator
-        principal = authenticator.cached(raw_key)
-        if principal is None:
-            principal = await run_in_threadpool(authenticator.lookup, raw_key)
-        if not principal.has_scope(scope):
-            raise Forbidden(f"this API key lacks the {scope.value!r} scope")
-        request.app.state.rate_limiter.take(principal.key_id)
-        return principal
+        return await authenticator.authorize(request, scope)
 
     return dependency

@@ -112,7 +112,11 @@ class Settings(BaseSettings):
         default=1000, ge=1, description="Open connections per server process (503 past it)."
     )
     rate_limit_per_s: float = Field(
-        default=50.0, gt=0, description="Sustained requests per second per API key (per process)."
+        default=50.0,
+        gt=0,
+        description="Sustained requests per second per API key: a key may make "
+        "FLYWHEEL_RATE_LIMIT_BURST requests in any burst/rate seconds (rounded up to whole "
+        "seconds). Per process, or shared by every worker and host with FLYWHEEL_REDIS_URL.",
     )
     rate_limit_burst: int = Field(default=200, ge=1, description="Requests a key may burst.")
     auth_cache_ttl_s: float = Field(
@@ -150,3 +154,48 @@ class Settings(BaseSettings):
     @property
     def is_embedded(self) -> bool:
         return self.database_url is None
+
+    # Floods and shared limits: what auth remembers (known keys, unknown key prefixes, the
+    # rate-limit windows of keys and client addresses), in each process or in Redis.
+    redis_url: SecretStr | None = Field(
+        default=None,
+        description="Redis (redis://host:6379/0) for the rate limits, the caches of known and "
+        "unknown keys and key revocation, shared by every worker and host. Unset: each process "
+        "keeps its own (the embedded setup; limits then multiply with workers and hosts).",
+    )
+    redis_key_prefix: str = Field(
+        default="flywheel",
+        min_length=1,
+        description="Prefix of every Redis key Flywheel writes: one per deployment sharing a "
+        "Redis database.",
+    )
+    unknown_key_cache_ttl_s: float = Field(
+        default=30.0,
+        ge=0,
+        description="How long a key prefix with no live key behind it is refused without a "
+        "database lookup. 0 looks every key up.",
+    )
+    unknown_key_cache_size: int = Field(
+        default=100_000,
+        ge=1,
+        description="Unknown key prefixes each process remembers (without Redis); the oldest "
+        "go first.",
+    )
+    address_failure_limit: int = Field(
+        default=60,
+        ge=1,
+        description="Failed requests (401, 403, 429) a client address may make in a window of "
+        "FLYWHEEL_ADDRESS_FAILURE_WINDOW_S from its first; past it, the address's requests that "
+        "need a key lookup are refused with 429 before any database work.",
+    )
+    address_failure_window_s: int = Field(
+        default=60, ge=1, description="The window of FLYWHEEL_ADDRESS_FAILURE_LIMIT, seconds."
+    )
+    address_refusal_delay_s: float = Field(
+        default=1.0,
+        ge=0,
+        le=10,
+        description="How long a refused address's 429 is held back (0.5-1.5 times this, at "
+        "random): a client that retries in a loop then sends one request per connection per "
+        "delay, not thousands per second.",
+    )

@@ -9,10 +9,11 @@ from typing import Any
 import typer
 import yaml
 
-from flywheel.cli.common import JsonOption, database_session, emit
+from flywheel.cli.common import JsonOption, database_session, emit, settings
 from flywheel.errors import InvalidInput
 from flywheel.scheduling.config import cycle_settings
 from flywheel.tenancy import service
+from flywheel.tenancy.revocation import key_revocations
 from flywheel.tenancy.service import get_domain
 
 tenants = typer.Typer(help="Create and list tenants.", no_args_is_help=True)
@@ -97,13 +98,15 @@ def list_keys(tenant: str = TenantOption, as_json: bool = JsonOption) -> None:
 def revoke_key(
     key_id: str = typer.Argument(..., help="The key's id."), as_json: bool = JsonOption
 ) -> None:
-    """Revoke an API key; it stops working within the API's auth cache TTL."""
+    """Revoke an API key; it stops working within the API's auth cache TTL (at once with
+    FLYWHEEL_REDIS_URL)."""
     try:
         parsed = uuid.UUID(key_id)
     except ValueError as error:
         raise InvalidInput(f"{key_id!r} is not a key id (a UUID)") from error
     with database_session() as session:
-        key = service.revoke_api_key(session=session, key_id=parsed)
+        revocations = key_revocations(settings())
+        key = service.revoke_api_key(session=session, key_id=parsed, revocations=revocations)
         data = {
             "id": str(key.id),
             "revoked_at": key.revoked_at.isoformat() if key.revoked_at else None,

@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, InvalidInput, NotFound
 from flywheel.tenancy.models import NAME_PATTERN, ApiKey, Domain, Tenant
+from flywheel.tenancy.revocation import KeyRevocations
 
 KEY_PREFIX = "fwk"
 _KEY_PATTERN = re.compile(rf"^{KEY_PREFIX}_([0-9a-f]{{16}})_([A-Za-z0-9_-]{{43}})$")
@@ -50,6 +51,17 @@ class Principal:
 
     def has_scope(self, scope: Scope) -> bool:
         return scope.value in self.scopes or Scope.ADMIN.value in self.scopes
+
+
+@dataclass(frozen=True)
+class LiveKey:
+    """A key that exists and is not revoked: who it speaks for and the hash of its secret."""
+
+    principal: Principal
+    secret_sha256: str
+
+    def matches(self, secret: str) -> bool:
+        return hmac.compare_digest(self.secret_sha256, hash_secret(secret))
 
 
 def check_name(name: str, *, what: str) -> str:
@@ -120,7 +132,7 @@ def create_api_key(
     key = ApiKey(
         tenant_id=tenant.id,
         prefix=prefix,
-        secret_sha256=_sha256(secret),
+        secret_sha256=hash_secret(secret),
         name=name,
         scopes=list(scopes),
     )
@@ -135,13 +147,20 @@ def create_api_key(
     )
 
 
-def revoke_api_key(*, session: Session, key_id: uuid.UUID) -> ApiKey:
+def revoke_api_key(
+    *, session: Session, key_id: uuid.UUID, revocations: KeyRevocations | None = None
+) -> ApiKey:
+    """Revoke the key; `revocations` (the API's shared cache, when there is one) forgets it at
+    once, so no worker or host trusts it from its cache any more. Without one, each API process
+    stops trusting it within its auth cache TTL."""
     key = session.get(ApiKey, key_id)
     if key is None:
         raise NotFound(f"API key {key_id} not found")
     if key.revoked_at is None:
         key.revoked_at = utcnow()
         session.flush()
+    if revocations is not None:
+        revocations.revoked(key.prefix)
     return key
 
 
@@ -156,17 +175,22 @@ def split_key(raw: str) -> tuple[str, str] | None:
     return (match.group(1), match.group(2)) if match else None
 
 
-def load_principal(*, session: Session, prefix: str, secret: str) -> Principal | None:
-    """The principal of a live key whose secret matches, else None (unknown, wrong or revoked)."""
+def load_live_key(*, session: Session, prefix: str) -> LiveKey | None:
+    """The live key with this prefix, else None (no such key, or revoked)."""
     key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
     if key is None or key.is_revoked:
         return None
-    if not hmac.compare_digest(key.secret_sha256, _sha256(secret)):
-        return None
-    return Principal(key_id=key.id, tenant_id=key.tenant_id, scopes=frozenset(key.scopes))
+    principal = Principal(key_id=key.id, tenant_id=key.tenant_id, scopes=frozenset(key.scopes))
+    return LiveKey(principal=principal, secret_sha256=key.secret_sha256)
 
 
-def _sha256(secret: str) -> str:
+def load_principal(*, session: Session, prefix: str, secret: str) -> Principal | None:
+    """The principal of a live key whose secret matches, else None (unknown, wrong or revoked)."""
+    live = load_live_key(session=session, prefix=prefix)
+    return live.principal if live is not None and live.matches(secret) else None
+
+
+def hash_secret(secret: str) -> str:
     return hashlib.sha256(secret.encode()).hexdigest()
 
 

@@ -37,6 +37,22 @@ def test_missing_or_unknown_key_is_401(
     assert count_rows(sessions, "feedback_events") == 0
 
 
+@pytest.mark.parametrize("valid_first", [True, False], ids=["valid-first", "valid-second"])
+def test_two_authorization_headers_are_401(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], valid_first: bool
+) -> None:
+    valid = ("Authorization", f"Bearer {acme.key}")
+    other = ("Authorization", "Bearer fwk_0123456789abcdef_" + "A" * 43)
+    headers = [valid, other] if valid_first else [other, valid]
+
+    response = client.post("/v1/feedback", json=RATING, headers=headers)
+
+    assert response.status_code == 401
+    assert response.json()["error"]["code"] == "unauthenticated"
+    assert "one Authorization header" in response.json()["error"]["message"]
+    assert count_rows(sessions, "feedback_events") == 0
+
+
 def test_right_prefix_wrong_secret_is_401(
     client: TestClient, acme: Caller, sessions: sessionmaker[Session]
 ) -> None:

@@ -1,13 +1,15 @@
-"""Pure units: text checks, feedback values, key parsing, the token bucket."""
+"""Pure units: text checks, feedback values, key parsing, the per-key rate limit."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 
 import pytest
+from limits import RateLimitItemPerSecond
 from pydantic import ValidationError
 
-from api.auth import RateLimiter
+from api.auth_stores import key_limit, make_auth_stores
 from flywheel.errors import RateLimited
 from flywheel.feedback.service import NewFeedback, request_fingerprint
 from flywheel.feedback.values import (
@@ -17,6 +19,7 @@ from flywheel.feedback.values import (
     check_clean_json,
     check_clean_text,
 )
+from flywheel.settings import Settings
 from flywheel.tenancy.service import Principal, Scope, split_key
 
 
@@ -98,12 +101,18 @@ def test_admin_scope_implies_every_scope() -> None:
     assert not writer.has_scope(Scope.DATA_READ)
 
 
-def test_token_bucket_allows_the_burst_then_refuses_with_a_retry_time() -> None:
-    limiter = RateLimiter(rate_per_s=2.0, burst=3)
-    key = uuid.uuid4()
-    for _ in range(3):
-        limiter.take(key)
-    with pytest.raises(RateLimited) as refused:
-        limiter.take(key)
-    assert 0 < refused.value.retry_after_s <= 0.5
-    limiter.take(uuid.uuid4())  # another key has its own bucket
+def test_key_limit_allows_the_burst_then_refuses_with_a_retry_time() -> None:
+    settings = Settings(rate_limit_per_s=2.0, rate_limit_burst=3, redis_url=None)  # 3 in any 2 s
+    assert key_limit(settings) == RateLimitItemPerSecond(3, 2)
+
+    async def take() -> None:
+        limits = make_auth_stores(settings).limits
+        key = uuid.uuid4()
+        for _ in range(3):
+            await limits.take_key(key)
+        with pytest.raises(RateLimited) as refused:
+            await limits.take_key(key)
+        assert 0 < refused.value.retry_after_s <= 2
+        await limits.take_key(uuid.uuid4())  # another key has its own window
+
+    asyncio.run(take())
