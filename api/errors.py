@@ -8,6 +8,8 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from limits.errors import StorageError
+from redis.exceptions import RedisError
 from starlette.exceptions import HTTPException
 
 from flywheel.errors import (
@@ -70,6 +72,13 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(FlywheelError, _flywheel_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
+    for unreachable in (RedisError, StorageError):  # FLYWHEEL_REDIS_URL set, Redis not there
+        app.add_exception_handler(unreachable, _shared_store_error)
+
+
+async def _shared_store_error(_request: Request, error: Exception) -> JSONResponse:
+    message = f"the shared limit store (Redis) is unavailable: {type(error).__name__}"
+    return error_response(503, "shared_store_unavailable", message, headers={"Retry-After": "1"})
 
 
 async def _flywheel_error(_request: Request, error: FlywheelError) -> JSONResponse:

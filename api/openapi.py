@@ -71,8 +71,14 @@ ERROR_DESCRIPTIONS = {
         "NUL byte or a lone surrogate; or the body is not JSON, not UTF-8, nests too deeply, "
         "or holds an integer of more than 4,300 digits."
     ),
-    429: "Over the API key's rate limit: retry after `Retry-After` seconds.",
-    503: "A service this operation needs (the model registry, the database) is unavailable.",
+    429: (
+        "Over the API key's rate limit, or the client address's budget of failed requests: "
+        "retry after `Retry-After` seconds."
+    ),
+    503: (
+        "A service this operation needs (the model registry, the database, or the shared "
+        "limit store when `FLYWHEEL_REDIS_URL` is set) is unavailable."
+    ),
 }
 
 
@@ -84,8 +90,9 @@ def errors(*statuses: int) -> dict[int | str, dict[str, Any]]:
     }
 
 
-READ_ERRORS = errors(401, 403, 404, 409, 413, 422, 429)
-"""What any authenticated operation can answer (409 on a concurrent change of state)."""
+READ_ERRORS = errors(401, 403, 404, 409, 413, 422, 429, 503)
+"""What any authenticated operation can answer (409 on a concurrent change of state, 503
+when the shared limit store is configured and unreachable)."""
 WRITE_ERRORS = {**READ_ERRORS, **errors(415)}
 """What an operation that takes a body can answer besides."""
 

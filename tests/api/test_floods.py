@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import event
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -165,3 +166,15 @@ def test_a_refused_address_waits_for_its_429(
 
     assert (first.status_code, second.status_code) == (401, 429)
     assert waited_s >= 0.15  # at least half the delay (it is jittered)
+
+
+def test_an_unreachable_shared_store_is_a_503_not_a_500(
+    settings: Settings, sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """FLYWHEEL_REDIS_URL set but nothing listening there: the API says it is unavailable."""
+    closed = settings.model_copy(update={"redis_url": SecretStr("redis://127.0.0.1:1/0")})
+    with TestClient(create_app(closed, sessions=sessions), raise_server_exceptions=False) as client:
+        response = client.post("/v1/feedback", json=RATING, headers=acme.headers)
+
+    assert response.status_code == 503, response.text
+    assert response.json()["error"]["code"] == "shared_store_unavailable"
