@@ -221,18 +221,20 @@ def cursor_of(payload: object) -> str:
     return base64.urlsafe_b64encode(json.dumps(payload).encode()).decode().rstrip("=")
 
 
-BAD_CURSORS = [
-    "not a cursor!",  # outside the cursor alphabet
-    "x" * 513,  # too long
-    "abc",  # not base64 of anything
-    cursor_of({"a": 1}),  # JSON of the wrong shape
-    cursor_of([1, "not-a-uuid", "2026-01-01T00:00:00+00:00", str(uuid.uuid4())]),
-    cursor_of([1, str(uuid.uuid4()), "yesterday", str(uuid.uuid4())]),
-    cursor_of([1, str(uuid.uuid4()), 7, None]),
-]
+# Fixed ids: a random uuid in a cursor would make its test id differ between xdist workers.
+SOME_ID, OTHER_ID = "87d55f4f-0657-4979-84f9-93e843d1e17b", "b066d471-8775-4ad3-bc1a-c04fe685043b"
+BAD_CURSORS = {
+    "outside_the_alphabet": "not a cursor!",
+    "too_long": "x" * 513,
+    "not_base64_of_anything": "abc",
+    "json_of_the_wrong_shape": cursor_of({"a": 1}),
+    "interaction_not_a_uuid": cursor_of([1, "not-a-uuid", "2026-01-01T00:00:00+00:00", SOME_ID]),
+    "time_not_a_time": cursor_of([1, SOME_ID, "yesterday", OTHER_ID]),
+    "time_a_number": cursor_of([1, SOME_ID, 7, None]),
+}
 
 
-@pytest.mark.parametrize("cursor", BAD_CURSORS)
+@pytest.mark.parametrize("cursor", list(BAD_CURSORS.values()), ids=list(BAD_CURSORS))
 def test_a_bad_cursor_is_422_json(client: TestClient, acme: Caller, cursor: str) -> None:
     interaction_id = create_interaction(client, acme)
 
