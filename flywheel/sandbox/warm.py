@@ -26,6 +26,7 @@ from typing import Any
 
 from flywheel.errors import SandboxUnavailable
 from flywheel.sandbox.budget import Budget, make_budget, remove_parents
+from flywheel.sandbox.harness import jobs
 from flywheel.sandbox.limits import Limits
 from flywheel.sandbox.process import (
     SANDBOX_PYTHON,
@@ -37,7 +38,7 @@ from flywheel.sandbox.process import (
     staged_files,
 )
 
-MODULES = ("literals.py", "syscalls.py")  # imported by the harness scripts from /harness
+MODULES = ("jobs.py", "literals.py", "syscalls.py")  # imported by the harness scripts from /harness
 BUDGET_REMOVE_WAIT_S = 2.0
 ENDING_WAIT_S = 0.1  # how long a borrower waits for a sandbox whose job is ending
 LENT_WAIT_S = 10.0  # how long closing a pool waits for sandboxes still ending a job
@@ -99,9 +100,7 @@ class WarmSandbox:
         return not self.sandbox.wait(0.0)
 
     def submit(self, job: dict[str, Any], fds: tuple[int, ...]) -> None:
-        payload = json.dumps(job).encode()
-        socket.send_fds(self.control, [len(payload).to_bytes(8, "big")], list(fds))
-        self.control.sendall(payload)
+        jobs.send(self.control, job, fds)
 
     def read_report(self, timeout_s: float) -> dict[str, Any] | None:
         """The line the sandbox writes after a job, or None if none came in time."""

@@ -32,6 +32,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(__file__))  # /harness: `-I` leaves the script's own out
+import jobs
 import literals
 
 sys.set_int_max_str_digits(0)  # a solution may str() the big ints it is now given
@@ -182,7 +183,7 @@ class Prepared:
         if self.failure is not None:
             return False
         try:
-            send(self.channel, job, fds)
+            jobs.send(self.channel, job, fds)
             return True
         except OSError as error:
             self.failure = repr(error)
@@ -225,7 +226,7 @@ def run_inner(denied, channel):
         channel.sendall(("sandbox setup failed: " + repr(error)).encode())
         os._exit(0)
     channel.sendall(b"R")
-    job, fds = receive(channel)
+    job, fds = jobs.receive(channel)
     if job is None:  # discarded unused
         os._exit(0)
     set_job_limits(job)
@@ -306,26 +307,6 @@ def stop(middle, grace_s=STOP_GRACE_S):
         os.close(exited)
 
 
-def receive(channel):
-    """A job sent by `send` (or by the host): its JSON and the descriptors attached."""
-    header, fds, _, _ = socket.recv_fds(channel, 8, 3)
-    if not header:
-        return None, ()
-    size, payload = int.from_bytes(header, "big"), b""
-    while len(payload) < size:
-        chunk = channel.recv(size - len(payload))
-        if not chunk:
-            return None, ()
-        payload += chunk
-    return json.loads(payload), tuple(fds)
-
-
-def send(channel, job, fds):
-    payload = json.dumps(job).encode()
-    socket.send_fds(channel, [len(payload).to_bytes(8, "big")], list(fds))
-    channel.sendall(payload)
-
-
 def main():
     control = socket.socket(fileno=int(sys.argv[1]))
     import syscalls  # from /harness, like literals
@@ -334,7 +315,7 @@ def main():
     control.sendall(b'{"ready": true}\n')
     prepared = None
     while True:
-        job, fds = receive(control)
+        job, fds = jobs.receive(control)
         if job is None:
             if prepared is not None:
                 prepared.discard()

@@ -23,6 +23,7 @@ import time
 import types
 
 sys.path.insert(0, os.path.dirname(__file__))  # /harness: `-I` leaves the script's own out
+import jobs
 import literals
 
 sys.set_int_max_str_digits(0)  # ints of any size now cross; tests may print them
@@ -243,7 +244,7 @@ class Prepared:
         if self.child is None:
             return False
         try:
-            send(self.channel, job, fds)
+            jobs.send(self.channel, job, fds)
             return True
         except OSError:
             return False
@@ -258,7 +259,7 @@ class Prepared:
 def run_child(channel):
     """Wait for a job, then run it in its own working directory; never returns."""
     try:
-        job, fds = receive(channel)
+        job, fds = jobs.receive(channel)
         channel.close()
         if job is not None:
             os.chdir(job["workdir"])
@@ -266,27 +267,6 @@ def run_child(channel):
             run_job(job, *fds)
     finally:
         os._exit(0)
-
-
-def receive(channel):
-    """A job: an 8-byte length with its pipe ends attached (SCM_RIGHTS), then its JSON."""
-    header, fds, _, _ = socket.recv_fds(channel, 8, 3)
-    if not header:
-        return None, ()
-    payload = b""
-    size = int.from_bytes(header, "big")
-    while len(payload) < size:
-        chunk = channel.recv(size - len(payload))
-        if not chunk:
-            return None, ()
-        payload += chunk
-    return json.loads(payload), tuple(fds)
-
-
-def send(channel, job, fds):
-    payload = json.dumps(job).encode()
-    socket.send_fds(channel, [len(payload).to_bytes(8, "big")], list(fds))
-    channel.sendall(payload)
 
 
 def serve(control):
@@ -298,7 +278,7 @@ def serve(control):
     """
     prepared = Prepared(control)
     for number in itertools.count():
-        job, fds = receive(control)
+        job, fds = jobs.receive(control)
         if job is None:
             prepared.discard()
             return
