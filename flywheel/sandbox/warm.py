@@ -40,7 +40,9 @@ from flywheel.sandbox.process import (
 
 MODULES = ("jobs.py", "literals.py", "syscalls.py")  # imported by the harness scripts from /harness
 BUDGET_REMOVE_WAIT_S = 2.0
-ENDING_WAIT_S = 0.1  # how long a borrower waits for a sandbox whose job is ending
+# How long a borrower waits for a sandbox whose job is ending (milliseconds, mostly; longer
+# on a loaded machine) before it starts one (0.1-0.5 s) of its own.
+ENDING_WAIT_S = 1.0
 LENT_WAIT_S = 10.0  # how long closing a pool waits for sandboxes still ending a job
 READY_WAIT_S = 30.0  # a harness starts in ~20 ms; a loaded machine may take far longer
 # The long-lived processes do little themselves; each job gets the caller's limits.
@@ -178,13 +180,15 @@ class WarmPool:
         if warm.is_unsafe:
             warm.close()
             return
+        with self._returned:
+            self._ending.discard(warm)  # a borrower stops waiting for it now, not once closed
+            if is_healthy:
+                self._idle.append(warm)
+            self._returned.notify_all()
         if not is_healthy:
             warm.close()
         with self._returned:
             self._lent -= 1
-            self._ending.discard(warm)
-            if is_healthy:
-                self._idle.append(warm)
             self._returned.notify_all()
 
     def wait_returned(self, wait_s: float = LENT_WAIT_S) -> bool:

@@ -36,18 +36,17 @@ def test_sandboxes_outlive_the_thread_that_started_them() -> None:
     assert idle(ZYGOTES) + idle(RUNNERS) == warm  # the same two, reused
 
 
-def test_back_to_back_jobs_reuse_the_sandboxes_whose_jobs_are_ending() -> None:
-    """A job ends after its verdict; the next borrower waits for it rather than start more."""
+def test_jobs_one_after_another_reuse_the_same_two_sandboxes() -> None:
+    """The child a sandbox makes ready for its next job is never counted as a job's leftover,
+    so a healthy sandbox goes back to the pool after every job."""
     RUNNERS.close()
     ZYGOTES.close()
     assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
     first = idle(ZYGOTES) + idle(RUNNERS)
     for _ in range(10):
         assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
+        assert idle(ZYGOTES) + idle(RUNNERS) == first  # idle() waits for the job to end
 
-    # The same two: each job's leftovers were none (the child a sandbox makes ready for the
-    # next job is not one), and no job had to start a sandbox of its own.
-    assert idle(ZYGOTES) + idle(RUNNERS) == first
     assert len(first) == 2
 
 
