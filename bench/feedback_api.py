@@ -7,6 +7,7 @@
    rows into the same table.
 
     python -m bench.feedback_api [--duration-s 10] [--rounds 3] [--connections 32]
+                                 [--section single|batch|all]
 
 Needs PostgreSQL (FLYWHEEL_TEST_POSTGRES_URL, as the tests) and `wrk` (apt-get install wrk).
 Prints ratios; asserts nothing: machines here are shared and noisy.
@@ -320,6 +321,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--batches", type=int, default=21)
+    parser.add_argument("--section", choices=("single", "batch", "all"), default="all")
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("error: this benchmark needs wrk: apt-get install wrk")
@@ -340,8 +342,10 @@ def main() -> None:
             f"PostgreSQL database {make_url(database_url).database}; {os.cpu_count()} CPUs"
             " shared by load generator, servers and database"
         )
-        single_event(database_url, key, ids, args)
-        batch_events(database_url, key, ids[0], ids[1], args)
+        if args.section in ("single", "all"):
+            single_event(database_url, key, ids, args)
+        if args.section in ("batch", "all"):
+            batch_events(database_url, key, ids[0], ids[1], args)
     finally:
         drop_postgres_database(database_url)
 

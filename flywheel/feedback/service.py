@@ -78,19 +78,24 @@ def new_feedback(body: FeedbackCreate) -> NewFeedback:
         value=as_json(body.value),
         interaction_id=body.interaction_id,
         domain=body.domain,
-        messages=as_json(messages_or_prompt(body.messages, body.prompt)) if has_context else None,
+        messages=conversation(body.messages, body.prompt) if has_context else None,
         response=body.response,
         rater=body.rater,
         event_id=body.event_id,
     )
 
 
-def messages_or_prompt(messages: list[Message] | None, prompt: str | None) -> list[Message]:
-    """The conversation: the messages given, or a plain prompt as one user message."""
+def conversation(messages: list[Message] | None, prompt: str | None) -> list[dict[str, Any]]:
+    """The conversation as JSON: the messages given, or a plain prompt as one user message.
+
+    The prompt's message is written as the dict `as_json(Message(role="user", content=prompt))`
+    is, without building and dumping a model: that cost more than the rest of the event.
+    """
     if messages is not None:
-        return messages
+        converted: list[dict[str, Any]] = as_json(messages)
+        return converted
     assert prompt is not None  # the schemas require one of them
-    return [Message(role="user", content=prompt)]
+    return [{"role": "user", "content": prompt}]
 
 
 def request_fingerprint(item: NewInteraction | NewFeedback | Sequence[NewFeedback]) -> str:
