@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -31,6 +32,7 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        _freeze_startup_objects()
         yield
         if engine is not None:
             engine.dispose()
@@ -61,3 +63,13 @@ def create_app(
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)
     app.add_middleware(RequestMetrics, metrics=metrics)
     return app
+
+
+def _freeze_startup_objects() -> None:
+    """Move what exists at startup (modules, the app, its routes and schemas: some 185,000
+    objects, all kept for the process's life) out of the garbage collector's reach, once per
+    process. Otherwise each full collection walks all of them again: measured here, a
+    1,000-event batch took ~100 ms more CPU whenever one ran, about one batch in four."""
+    if gc.get_freeze_count() == 0:
+        gc.collect()
+        gc.freeze()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
@@ -26,7 +27,6 @@ from api.schemas import (
     ModelRead,
 )
 from flywheel.feedback import pages, service
-from flywheel.feedback.values import as_json
 from flywheel.tenancy.service import Principal, Scope
 
 router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["interactions and feedback"])
@@ -77,7 +77,7 @@ async def create_interaction(
 ) -> Response:
     new = service.NewInteraction(
         domain=body.domain,
-        messages=as_json(service.messages_or_prompt(body.messages, body.prompt)),
+        messages=service.conversation(body.messages, body.prompt),
         response=body.response,
         model_name=body.model.name if body.model else None,
         model_version=body.model.version if body.model else None,
@@ -203,7 +203,7 @@ async def create_feedback_batch(
         events=[service.new_feedback(event) for event in body.events],
         idempotency_key=idempotency_key,
     )
-    created = FeedbackBatchCreated(results=[_created(item) for item in recorded])
+    created = FeedbackBatchCreated.model_validate({"results": recorded}, from_attributes=True)
     return _created_response(request, created, recorded)
 
 
@@ -277,9 +277,9 @@ def _created_response(
 
     Counts newly stored rows; marks a response that replays an earlier one.
     """
-    fresh = [item for item in recorded if not item.is_replay]
-    for item in fresh:
-        request.app.state.metrics.events_ingested.labels(item.kind or "interaction").inc()
+    fresh = Counter(item.kind or "interaction" for item in recorded if not item.is_replay)
+    for kind, count in fresh.items():
+        request.app.state.metrics.record_ingested(kind, count)
     headers = {"Idempotent-Replayed": "true"} if recorded and not fresh else None
     return Response(
         body.model_dump_json(), status_code=201, media_type="application/json", headers=headers

@@ -93,7 +93,12 @@ async def _send_error(send: Send, status: int, code: str, message: str) -> None:
 
 
 class ApiMetrics:
-    """The API's Prometheus metrics, in a registry of its own (no import-time globals)."""
+    """The API's Prometheus metrics, in a registry of its own (no import-time globals).
+
+    `labels()` costs a lock and a tuple of strings per call; the labelled children are kept
+    here instead, one per label set seen (routes and statuses are few), so a request counts
+    itself with two plain increments.
+    """
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
@@ -116,6 +121,25 @@ class ApiMetrics:
             ["kind"],
             registry=self.registry,
         )
+        self._request_children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+        self._ingested_children: dict[str, Any] = {}
+
+    def record_request(self, method: str, route: str, status: int, seconds: float) -> None:
+        children = self._request_children.get((method, route, status))
+        if children is None:
+            children = (
+                self.requests.labels(method, route, str(status)),
+                self.latency.labels(method, route),
+            )
+            self._request_children[(method, route, status)] = children
+        children[0].inc()
+        children[1].observe(seconds)
+
+    def record_ingested(self, kind: str, count: int = 1) -> None:
+        child = self._ingested_children.get(kind)
+        if child is None:
+            child = self._ingested_children[kind] = self.events_ingested.labels(kind)
+        child.inc(count)
 
 
 class RequestMetrics:
@@ -143,6 +167,6 @@ class RequestMetrics:
         finally:
             route: Any = scope.get("route")
             label = getattr(route, "path", "unmatched")
-            method = scope["method"]
-            self.metrics.requests.labels(method, label, str(status)).inc()
-            self.metrics.latency.labels(method, label).observe(time.perf_counter() - started)
+            self.metrics.record_request(
+                scope["method"], label, status, time.perf_counter() - started
+            )
