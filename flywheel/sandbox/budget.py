@@ -90,10 +90,8 @@ class Budget:
         peak memory and OOM kills."""
         self._baseline_bytes = self._memory_usage()
         self._oom_kills = self._oom_kill_count()
-        if self.version == 2:
-            _write(self.memory / "memory.peak", "0", missing_ok=True)  # reset: kernel 6.12+
-        else:
-            _write(Path(self._peak_file), "0")
+        # Reset the peak counter (v2's memory.peak is resettable from kernel 6.12 on).
+        _write(Path(self._peak_file), "0", missing_ok=self.version == 2)
         self.limit(limits, extra_processes=extra_processes)
 
     def limit(self, limits: Limits, *, extra_processes: int = 0) -> None:

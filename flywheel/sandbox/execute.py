@@ -111,19 +111,19 @@ def run_tests(
     lines, timed_out = _read_results(results_r, output, started + limits.wall_s, overran)
     output.drain()  # all it printed before the tests were over
     is_clean = not timed_out and not output.is_over_cap
-    finish = functools.partial(_finish_job, zygote, runner, output.fd, is_clean=is_clean)
     if zygote.budget is None:  # the largest single process, in the zygote's report: all
-        report = finish()  # rlimits can tell, once the job is over
+        report = _finish_job(zygote, runner, output.fd, is_clean=is_clean)  # rlimits can tell
         peak_mb, is_oom_killed = (report or {}).get("peak_rss_kib", 0) / 1024, False
     else:  # the cgroup knows now; the job ends while the caller goes on
         usage = zygote.budget.job_usage()
-        if usage.is_oom_killed:  # all of the sandbox stalls in reclaim at its limit: kill
-            zygote.sandbox.kill_inside()  # it now, rather than ask its zygote to stop the job
-            finish = functools.partial(finish, is_clean=False)
+        peak_mb, is_oom_killed = usage.peak_memory_mb, usage.is_oom_killed
+        if is_oom_killed:  # all of the sandbox stalls in reclaim at its limit: kill it now,
+            zygote.sandbox.kill_inside()  # rather than ask its zygote to stop the job
+            is_clean = False
         ZYGOTES.ending(zygote)
         RUNNERS.ending(runner)
+        finish = functools.partial(_finish_job, zygote, runner, output.fd, is_clean=is_clean)
         _FINISHER.submit(finish).add_done_callback(_log_failure)
-        peak_mb, is_oom_killed = usage.peak_memory_mb, usage.is_oom_killed
     run = _Run(lines, timed_out, output, is_oom_killed)
     return _decide(run, time.monotonic() - started, peak_mb)
 
