@@ -117,14 +117,13 @@ def run_tests(
     else:  # the cgroup knows now; the job ends while the caller goes on
         usage = zygote.budget.job_usage()
         peak_mb, is_oom_killed = usage.peak_memory_mb, usage.is_oom_killed
-        if is_oom_killed:  # all of the sandbox stalls in reclaim at its limit: kill it now
-            zygote.sandbox.kill_inside()  # (not ask its zygote to stop the job), and wait for
-            _finish_job(zygote, runner, output.fd, is_clean=False)  # its memory to be freed
-        else:  # the caller's next job must never meet a budget's worth of this one's
-            ZYGOTES.ending(zygote)
-            RUNNERS.ending(runner)
-            finish = functools.partial(_finish_job, zygote, runner, output.fd, is_clean=is_clean)
-            _FINISHER.submit(finish).add_done_callback(_log_failure)
+        if is_oom_killed:  # all of the sandbox stalls in reclaim at its limit: kill it now,
+            zygote.sandbox.kill_inside()  # rather than ask its zygote to stop the job
+            is_clean = False
+        ZYGOTES.ending(zygote)
+        RUNNERS.ending(runner)
+        finish = functools.partial(_finish_job, zygote, runner, output.fd, is_clean=is_clean)
+        _FINISHER.submit(finish).add_done_callback(_log_failure)
     run = _Run(lines, timed_out, output, is_oom_killed)
     return _decide(run, time.monotonic() - started, peak_mb)
 
