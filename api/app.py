@@ -14,7 +14,7 @@ from api import datasets, feedback, health, registry, runs, signals
 from api.auth import make_authenticator
 from api.errors import install_error_handlers
 from api.middleware import ApiMetrics, BodyLimit, RequestMetrics, RequireJson
-from api.openapi import DESCRIPTION, install_docs
+from api.openapi import DESCRIPTION, install_docs, install_security
 from flywheel.db import make_engine, make_session_factory
 from flywheel.settings import Settings
 
@@ -51,13 +51,15 @@ def create_app(
     app.state.metrics = metrics
     app.state.authenticator = make_authenticator(settings, sessions)
     install_error_handlers(app)
-    install_docs(app)
-    app.include_router(health.router)
+    # Routes match in order: the busiest first (a request walks every router before its own).
     app.include_router(feedback.router)
+    app.include_router(health.router)
     app.include_router(signals.router)
     app.include_router(datasets.router)
     app.include_router(registry.router)
     app.include_router(runs.router)
+    install_docs(app)
+    install_security(app)
     # The last added runs first: metrics see every request, then the body cap, then JSON.
     app.add_middleware(RequireJson)
     app.add_middleware(BodyLimit, max_bytes=settings.max_body_bytes)

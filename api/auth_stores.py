@@ -12,6 +12,8 @@ import json
 import math
 import time
 import uuid
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -164,6 +166,50 @@ class InProcessLimiter:
         return self._limiter.get_window_stats(item, *identifiers)
 
 
+class InProcessMovingWindow:
+    """The per-key moving window in this process, exact: each key's hit times in a deque,
+    oldest first, pruned as it is used; at most `amount` times per key.
+
+    `limits`' memory storage keeps the same window as a list it grows at the front, and
+    starts a timer thread every 10 ms to expire entries: on a bench worker (py-spy, GIL
+    held) that cost ~25 us per request, this ~2 us. It runs on the event loop only.
+    """
+
+    def __init__(self, clock: Callable[[], float] = time.time) -> None:
+        self._hits: dict[str, deque[float]] = {}
+        self._clock = clock
+
+    async def hit(self, item: RateLimitItem, *identifiers: str) -> bool:
+        hits, now = self._window(item, identifiers)
+        if len(hits) >= item.amount:
+            return False
+        hits.append(now)
+        return True
+
+    async def test(self, item: RateLimitItem, *identifiers: str) -> bool:
+        hits, _ = self._window(item, identifiers)
+        return len(hits) < item.amount
+
+    async def get_window_stats(self, item: RateLimitItem, *identifiers: str) -> WindowStats:
+        hits, now = self._window(item, identifiers)
+        reset_time = (hits[0] if hits else now) + item.get_expiry()
+        return WindowStats(reset_time=reset_time, remaining=max(0, item.amount - len(hits)))
+
+    def _window(
+        self, item: RateLimitItem, identifiers: tuple[str, ...]
+    ) -> tuple[deque[float], float]:
+        """The key's hits within the last `expiry` seconds, and now."""
+        key = item.key_for(*identifiers)
+        hits = self._hits.get(key)
+        if hits is None:
+            hits = self._hits[key] = deque()
+        now = self._clock()
+        start = now - item.get_expiry()
+        while hits and hits[0] <= start:
+            hits.popleft()
+        return hits, now
+
+
 class RequestLimits:
     """The rate limit per key (a moving window: exact) and the budget of failed requests per
     client address (a fixed window: a counter, cheap however many addresses a flood uses)."""
@@ -231,7 +277,7 @@ def make_auth_stores(settings: Settings) -> AuthStores:
     cache: KeyCache
     if settings.redis_url is None:
         storage = MemoryStorage()
-        keys = InProcessLimiter(strategies.MovingWindowRateLimiter(storage))
+        keys = InProcessMovingWindow()
         addresses = InProcessLimiter(strategies.FixedWindowRateLimiter(storage))
         cache = MemoryKeyCache(
             keep_s=keep_s,

@@ -9,14 +9,14 @@ from fastapi import APIRouter, Body, Depends, Path, Query, Request, Response
 from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
+from api.openapi import READ_ERRORS, WRITE_ERRORS
 from api.schemas import DatasetVersionList, DatasetVersionRead, RecipeCreate
 from flywheel.datasets import service
 from flywheel.datasets.models import DatasetVersion
 from flywheel.feedback.values import Name
 from flywheel.tenancy.service import Principal, Scope
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["datasets"])
+router = APIRouter(prefix="/v1", tags=["datasets"])
 
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 Builder = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]

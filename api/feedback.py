@@ -12,8 +12,8 @@ from sqlalchemy.orm import Session
 
 from api import examples
 from api.auth import require
-from api.database import in_transaction
-from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS
+from api.database import in_core_transaction, in_transaction
+from api.openapi import READ_ERRORS, WRITE_ERRORS
 from api.schemas import (
     FeedbackBatchCreate,
     FeedbackBatchCreated,
@@ -29,7 +29,7 @@ from api.schemas import (
 from flywheel.feedback import pages, service
 from flywheel.tenancy.service import Principal, Scope
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["interactions and feedback"])
+router = APIRouter(prefix="/v1", tags=["interactions and feedback"])
 
 IdempotencyKey = Annotated[
     str | None,
@@ -85,7 +85,7 @@ async def create_interaction(
         session_id=body.session_id,
         metadata=body.metadata,
     )
-    recorded = await in_transaction(
+    recorded = await in_core_transaction(
         request,
         service.record_interaction,
         tenant_id=principal.tenant_id,
@@ -167,7 +167,7 @@ async def create_feedback(
     principal: Writer,
     idempotency_key: IdempotencyKey = None,
 ) -> Response:
-    recorded = await in_transaction(
+    recorded = await in_core_transaction(
         request,
         service.record_feedback,
         tenant_id=principal.tenant_id,

@@ -11,7 +11,7 @@ from sqlalchemy.orm import Session
 from api import examples
 from api.auth import require
 from api.database import in_transaction
-from api.openapi import BEARER, READ_ERRORS, WRITE_ERRORS, errors
+from api.openapi import READ_ERRORS, WRITE_ERRORS, errors
 from api.schemas import (
     ChampionRead,
     DomainModelsRead,
@@ -27,7 +27,7 @@ from flywheel.registry.mlflow_registry import MlflowRegistry, Registry
 from flywheel.registry.models import ModelVersion, PromotionEvent
 from flywheel.tenancy.service import Principal, Scope, get_domain
 
-router = APIRouter(prefix="/v1", dependencies=[Depends(BEARER)], tags=["models"])
+router = APIRouter(prefix="/v1", tags=["models"])
 
 Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 Releaser = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]

@@ -126,7 +126,10 @@ def test_concurrent_duplicates_write_one_row(acme: Caller, sessions: sessionmake
             with unit_of_work(sessions) as session:
                 barrier.wait()
                 recorded = service.record_feedback(
-                    session=session, tenant_id=acme.tenant_id, new=new, idempotency_key="race"
+                    connection=session.connection(),
+                    tenant_id=acme.tenant_id,
+                    new=new,
+                    idempotency_key="race",
                 )
             ids.append(recorded.id)
         except BaseException as error:  # collected and asserted below
@@ -159,7 +162,10 @@ def test_concurrent_different_bodies_one_wins_others_conflict(
             barrier.wait()
             try:
                 service.record_feedback(
-                    session=session, tenant_id=acme.tenant_id, new=new, idempotency_key="race"
+                    connection=session.connection(),
+                    tenant_id=acme.tenant_id,
+                    new=new,
+                    idempotency_key="race",
                 )
                 outcomes.append("written")
             except Conflict:

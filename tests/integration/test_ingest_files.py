@@ -69,7 +69,7 @@ def test_feedback_file_goes_in_once(
 ) -> None:
     with unit_of_work(on_test_database) as session:
         interaction = record_interaction(
-            session=session,
+            connection=session.connection(),
             tenant_id=acme.tenant_id,
             new=NewInteraction(
                 domain="billing", messages=[{"role": "user", "content": "q"}], response="a"
@@ -419,7 +419,7 @@ def test_feedback_conflicts_and_foreign_interactions_name_the_line(
     assert run_cli(capsys, "domains", "create", "support", "--tenant", "acme")[0] == 0
     with unit_of_work(on_test_database) as session:
         elsewhere = record_interaction(
-            session=session,
+            connection=session.connection(),
             tenant_id=acme.tenant_id,
             new=NewInteraction(
                 domain="support", messages=[{"role": "user", "content": "q"}], response="a"

@@ -115,7 +115,7 @@ def test_feedback_events_refuse_updates_but_allow_deletes(
     new = rating_event(stars=2)
     with unit_of_work(sessions) as session:
         recorded = service.record_feedback(
-            session=session, tenant_id=acme.tenant_id, new=new, idempotency_key=None
+            connection=session.connection(), tenant_id=acme.tenant_id, new=new, idempotency_key=None
         )
 
     with pytest.raises(DBAPIError, match="append-only"), unit_of_work(sessions) as session:
