@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections import Counter
 from typing import Annotated
 
-from fastapi import APIRouter, Body, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
 
@@ -26,19 +27,28 @@ from api.schemas import (
     InteractionWithFeedback,
     ModelRead,
 )
+from flywheel.errors import InvalidInput
 from flywheel.feedback import pages, service
 from flywheel.tenancy.service import Principal, Scope
 
 router = APIRouter(prefix="/v1", tags=["interactions and feedback"])
 
-IdempotencyKey = Annotated[
-    str | None,
-    Header(
-        alias="Idempotency-Key",
-        pattern=r"^[A-Za-z0-9_.:-]{1,200}$",
-        description="Replays the first response for the same request; 409 for a different one.",
-    ),
-]
+IDEMPOTENCY_KEY = re.compile(r"[A-Za-z0-9_.:-]{1,200}")
+IDEMPOTENT = {
+    "parameters": [
+        {
+            "name": "Idempotency-Key",
+            "in": "header",
+            "required": False,
+            "schema": {"type": "string", "pattern": f"^{IDEMPOTENCY_KEY.pattern}$"},
+            "description": (
+                "Replays the first response for the same request; 409 for a different one. "
+                "1-200 characters of A-Z, a-z, 0-9, `_`, `.`, `:`, `-` (else 422), sent once."
+            ),
+        }
+    ]
+}
+"""The header the write operations read with `idempotency_key`, as the document states it."""
 Cursor = Annotated[
     str | None,
     Query(
@@ -67,13 +77,12 @@ Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
         "`Idempotent-Replayed: true`); the same key with a different body is a 409. "
         "Scope `feedback:write`."
     ),
-    openapi_extra=examples.INTERACTION,
+    openapi_extra={**examples.INTERACTION, **IDEMPOTENT},
 )
 async def create_interaction(
     body: InteractionCreate,
     request: Request,
     principal: Writer,
-    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     new = service.NewInteraction(
         domain=body.domain,
@@ -90,7 +99,7 @@ async def create_interaction(
         service.record_interaction,
         tenant_id=principal.tenant_id,
         new=new,
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key(request),
     )
     created = InteractionCreated(
         id=recorded.id, domain=recorded.domain, created_at=recorded.created_at
@@ -159,20 +168,19 @@ async def list_feedback(
         "responses are in its value): exactly one of the two. An `event_id` is unique per "
         "tenant. `Idempotency-Key` replays the first response. Scope `feedback:write`."
     ),
-    openapi_extra=examples.FEEDBACK,
+    openapi_extra={**examples.FEEDBACK, **IDEMPOTENT},
 )
 async def create_feedback(
     body: Annotated[FeedbackCreate, Body()],
     request: Request,
     principal: Writer,
-    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     recorded = await in_core_transaction(
         request,
         service.record_feedback,
         tenant_id=principal.tenant_id,
         new=service.new_feedback(body),
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key(request),
     )
     return _created_response(request, _created(recorded), [recorded])
 
@@ -188,23 +196,38 @@ async def create_feedback(
         "is invalid, the 422's `details` name it by `index` and nothing is stored. "
         "`Idempotency-Key` replays the first response. Scope `feedback:write`."
     ),
-    openapi_extra=examples.FEEDBACK_BATCH,
+    openapi_extra={**examples.FEEDBACK_BATCH, **IDEMPOTENT},
 )
 async def create_feedback_batch(
     body: FeedbackBatchCreate,
     request: Request,
     principal: Writer,
-    idempotency_key: IdempotencyKey = None,
 ) -> Response:
     recorded = await in_transaction(
         request,
         service.record_feedback_batch,
         tenant_id=principal.tenant_id,
         events=[service.new_feedback(event) for event in body.events],
-        idempotency_key=idempotency_key,
+        idempotency_key=idempotency_key(request),
     )
     created = FeedbackBatchCreated.model_validate({"results": recorded}, from_attributes=True)
     return _created_response(request, created, recorded)
+
+
+def idempotency_key(request: Request) -> str | None:
+    """The request's Idempotency-Key header (see IDEMPOTENT), checked. Read here, not as a
+    FastAPI header parameter: that cost ~14 us of CPU per request (measured with a bare
+    route), on the endpoints that take the most requests."""
+    values = request.headers.getlist("idempotency-key")
+    if not values:
+        return None
+    if len(values) > 1:
+        raise InvalidInput("send one Idempotency-Key header, not several")
+    if IDEMPOTENCY_KEY.fullmatch(values[0]) is None:
+        raise InvalidInput(
+            "Idempotency-Key must be 1-200 characters of A-Z, a-z, 0-9, '_', '.', ':', '-'"
+        )
+    return values[0]
 
 
 def _interaction_json(

@@ -111,6 +111,24 @@ def test_malformed_idempotency_key_is_422(
     assert count_rows(sessions, "feedback_events") == 0
 
 
+def test_two_idempotency_keys_are_422_and_write_nothing(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    headers = [*acme.headers.items(), ("Idempotency-Key", "k-1"), ("Idempotency-Key", "k-2")]
+    response = client.post("/v1/feedback", json=RATING, headers=headers)
+    assert response.status_code == 422, response.text
+    assert "one Idempotency-Key" in response.json()["error"]["message"]
+    assert count_rows(sessions, "feedback_events") == 0
+
+
+def test_the_document_declares_the_idempotency_key_of_every_write(client: TestClient) -> None:
+    paths = client.get("/openapi.json").json()["paths"]
+    for path in ("/v1/interactions", "/v1/feedback", "/v1/feedback/batch"):
+        headers = [item for item in paths[path]["post"]["parameters"] if item["in"] == "header"]
+        assert [item["name"] for item in headers] == ["Idempotency-Key"], path
+        assert headers[0]["schema"]["pattern"] == "^[A-Za-z0-9_.:-]{1,200}$"
+
+
 @pytest.mark.postgres_only
 @pytest.mark.commits("writers race from threads, each in its own transaction")
 def test_concurrent_duplicates_write_one_row(acme: Caller, sessions: sessionmaker[Session]) -> None:
