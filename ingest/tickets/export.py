@@ -64,7 +64,9 @@ class TicketExport:
         found = read_sideloads(self.path, self.sideload_fields)
         sideloads: Sideloads = {}
         for kind, items in found.items():
-            objects = [Fields(item, f"{self.path.name} {kind}[{n}]") for n, item in enumerate(items)]
+            objects = [
+                Fields(item, f"{self.path.name} {kind}[{n}]") for n, item in enumerate(items)
+            ]
             id_field = self.sideload_fields[kind][0]
             sideloads[kind] = {item.ident(id_field): item for item in objects}
         return sideloads

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import codecs
 import io
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -160,7 +160,7 @@ def read_json_records(
 
 def _stream_items(
     path: Path, encoding: Encoding, prefix: str, noun: str, name_of: Callable[[Any], str]
-) -> Iterator[tuple[str, Any]]:
+) -> Generator[tuple[str, Any], None, int]:
     """The values at `prefix` of every top-level document, one at a time; a page array among
     them (gh's --slurp) gives its items. Returns how many were yielded."""
     count, last = 0, ""
@@ -268,9 +268,7 @@ def _check_has_array(path: Path, encoding: Encoding, array_key: str) -> None:
     )
 
 
-def _json_lines(
-    path: Path, encoding: Encoding, array_key: str | None
-) -> Iterator[tuple[str, Any]]:
+def _json_lines(path: Path, encoding: Encoding, array_key: str | None) -> Iterator[tuple[str, Any]]:
     """One record per line; a line that is a page (an object holding `array_key`, as an
     incremental export's response saved one per line) or an array gives its items."""
     for number, line in read_lines(path, encoding):

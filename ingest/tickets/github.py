@@ -16,8 +16,8 @@ count) and, for reopen and escalation history, its `GET .../issues/{number}/even
 as a top-level array, as `{"issues": [...]}`, or one issue per line (`.jsonl`); and as
 `gh api --paginate` writes it: page arrays one after another (`[...][...]`), an array of
 pages (`--slurp`) or issues one after another (`--jq '.[]'`). `flywheel ingest tickets
---from-github owner/repo` fetches this shape from the REST API (`ingest.tickets.github_api`). Bodies are
-Markdown and stay Markdown (code in them must survive); HTML comments (issue-template
+--from-github owner/repo` fetches this shape from the REST API (`ingest.tickets.github_api`).
+Bodies are Markdown and stay Markdown (code in them must survive); HTML comments (issue-template
 instructions) and quoted replies are taken out. Rules:
 
 - Pull requests (they carry `pull_request`) are rejected `pull_request`.

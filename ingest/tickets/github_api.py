@@ -308,7 +308,9 @@ def _load_state(path: Path, repository: str) -> FetchState:
         data = json.loads(path.read_text(encoding="utf-8"))
         state = FetchState(**data)
     except (OSError, ValueError, TypeError) as error:
-        raise InvalidInput(f"{path}: not a fetch state ({error}); remove it to start over") from error
+        raise InvalidInput(
+            f"{path}: not a fetch state ({error}); remove it to start over"
+        ) from error
     if state.repository != repository:
         raise InvalidInput(f"{path} is the fetch of {state.repository}, not {repository}")
     return state
