@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from flywheel.signals.candidates import Candidate
-from ingest.framework import SourceRecord
+from flywheel.errors import InvalidInput
+from ingest.framework import Rejected, SourceRecord
 from ingest.jsonl import file_sha256
 from ingest.tickets.convert import thread_candidates
 from ingest.tickets.fields import Fields
@@ -36,6 +37,7 @@ class TicketExport:
     def __init__(self, path: Path) -> None:
         self.path = path
         self.sideloads: Sideloads = {}
+        self.superseded: frozenset[int] = frozenset()
 
     @property
     def source_ref(self) -> str:
@@ -45,9 +47,18 @@ class TicketExport:
         return file_sha256(self.path)
 
     def records(self) -> Iterator[SourceRecord]:
+        """The records in file order. A record whose id comes again later in the file (an
+        incremental export repeats a ticket updated while it ran) is superseded: only its
+        last copy, the latest state, is converted."""
         if self.sideload_fields:
             self.sideloads = self._read_sideloads()
-        found = read_json_records(
+        self.superseded = self._superseded_positions()
+        for position, (where, payload) in enumerate(self._read_records()):
+            ref = f"{self.path.name} {self.noun} {self.name_of(payload)} ({where})"
+            yield SourceRecord(position, ref, payload)
+
+    def _read_records(self) -> Iterator[tuple[str, Any]]:
+        return read_json_records(
             self.path,
             array_key=self.array_key,
             noun=self.noun,
@@ -55,9 +66,22 @@ class TicketExport:
             is_array_allowed=self.is_array_allowed,
             id_key=self.id_key,
         )
-        for position, (where, payload) in enumerate(found):
-            ref = f"{self.path.name} {self.noun} {self.name_of(payload)} ({where})"
-            yield SourceRecord(position, ref, payload)
+
+    def _superseded_positions(self) -> frozenset[int]:
+        """Positions of records whose id comes again later (read up to any error, which
+        the records themselves then report where it is)."""
+        last: dict[str, int] = {}
+        superseded: set[int] = set()
+        try:
+            for position, (_, payload) in enumerate(self._read_records()):
+                name = self.name_of(payload)
+                if name in last:
+                    superseded.add(last[name])
+                if name != "?":
+                    last[name] = position
+        except InvalidInput:
+            pass
+        return frozenset(superseded)
 
     def _read_sideloads(self) -> Sideloads:
         """Side-loaded objects by kind and id; a later page's copy of one wins."""
@@ -72,6 +96,8 @@ class TicketExport:
         return sideloads
 
     def convert(self, record: SourceRecord) -> list[Candidate]:
+        if record.position in self.superseded:
+            raise Rejected("superseded", f"{record.ref}: a later copy in the export replaces it")
         return thread_candidates(self.read_thread(Fields(record.payload, record.ref)))
 
     def name_of(self, payload: Any) -> str:

@@ -24,7 +24,7 @@ Also accepted, as Zendesk's tools write them:
 - the incremental export (`/api/v2/incremental/tickets.json`, time- or cursor-based): its
   pages (`tickets`, side-loads, `end_time`, `next_page`/`after_url`, `end_of_stream`) saved
   one after another or one per line. A ticket updated during the export comes again in a
-  later page; read in order, its later state replaces the earlier one. Incremental tickets
+  later page: only its last copy is read, the others are rejected `superseded`. Incremental tickets
   carry no comments: embed them, or they are rejected `comments_not_exported`;
 - the ticket objects one per line (`.jsonl`).
 

@@ -136,8 +136,8 @@ def test_users_embedded_per_ticket_as_the_comments_endpoint_returns_them(tmp_pat
 
 def test_zendesk_incremental_export_pages_one_per_line() -> None:
     """Two pages of /api/v2/incremental/tickets.json: 5101 comes twice (updated during the
-    export), read in order, so the later state replaces the earlier; a ticket exported
-    without its comments says so."""
+    export): only its later copy, the latest state, is read; a ticket exported without its
+    comments says so."""
     ingestor = make_ticket_ingestor("zendesk", INCREMENTAL)
 
     refs = [record.ref for record in ingestor.records()]
@@ -149,7 +149,7 @@ def test_zendesk_incremental_export_pages_one_per_line() -> None:
         "zendesk_incremental.jsonl ticket 5101 (line 2 #1)",
         "zendesk_incremental.jsonl ticket 5102 (line 2 #2)",
     ]
-    assert results == ["unresolved", "comments_not_exported", SYNC_CANDIDATES, EXPORT_CANDIDATES]
+    assert results == ["superseded", "comments_not_exported", SYNC_CANDIDATES, EXPORT_CANDIDATES]
 
 
 def test_zendesk_incremental_pages_saved_one_after_another_read_the_same(tmp_path: Path) -> None:
@@ -222,3 +222,20 @@ def test_a_github_comment_without_author_association_is_not_guessed(tmp_path: Pa
     assert rejected.value.reason == "unknown_roles"
     assert "octo-maint" in rejected.value.detail
     assert "author_association" in rejected.value.detail
+
+
+def test_a_ticket_exported_twice_yields_only_its_later_state(tmp_path: Path) -> None:
+    """An incremental export repeats a ticket updated during the export. Both copies solved
+    (first with the frontline answer, later reopened and solved by tier 2): were both read,
+    the early copy's SFT example (the rejected answer) would sit beside the later copy's
+    pair in one batch, and train the answer the customer reopened."""
+    pages = [json.loads(line) for line in INCREMENTAL.read_text(encoding="utf-8").splitlines()]
+    early = pages[0]["tickets"][0]
+    early["status"] = "solved"
+    early["comments"], early["audits"] = early["comments"][:2], early["audits"][:1]
+    path = tmp_path / "incremental.jsonl"
+    path.write_text("".join(json.dumps(page) + "\n" for page in pages), encoding="utf-8")
+
+    results = convert_all(make_ticket_ingestor("zendesk", path))
+
+    assert results == ["superseded", "comments_not_exported", SYNC_CANDIDATES, EXPORT_CANDIDATES]
