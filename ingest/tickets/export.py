@@ -7,13 +7,13 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar
 
-from flywheel.signals.candidates import Candidate
 from flywheel.errors import InvalidInput
+from flywheel.signals.candidates import Candidate
 from ingest.framework import Rejected, SourceRecord
 from ingest.jsonl import file_sha256
 from ingest.tickets.convert import thread_candidates
 from ingest.tickets.fields import Fields
-from ingest.tickets.files import read_json_records, read_sideloads
+from ingest.tickets.files import read_json_records, read_record_ids, read_sideloads
 from ingest.tickets.thread import Thread
 
 Sideloads = dict[str, dict[str, Fields]]  # kind ("users") -> id -> object
@@ -70,15 +70,20 @@ class TicketExport:
     def _superseded_positions(self) -> frozenset[int]:
         """Positions of records whose id comes again later (read up to any error, which
         the records themselves then report where it is)."""
-        last: dict[str, int] = {}
+        last: dict[object, int] = {}
         superseded: set[int] = set()
+        ids = read_record_ids(
+            self.path,
+            array_key=self.array_key,
+            id_key=self.id_key,
+            is_array_allowed=self.is_array_allowed,
+        )
         try:
-            for position, (_, payload) in enumerate(self._read_records()):
-                name = self.name_of(payload)
-                if name in last:
-                    superseded.add(last[name])
-                if name != "?":
-                    last[name] = position
+            for position, ident in enumerate(ids):
+                if ident in last:
+                    superseded.add(last[ident])
+                if isinstance(ident, int | str):
+                    last[ident] = position
         except InvalidInput:
             pass
         return frozenset(superseded)

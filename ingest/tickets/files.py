@@ -230,6 +230,32 @@ def read_sideloads(
     return found
 
 
+def read_record_ids(
+    path: Path, *, array_key: str, id_key: str, is_array_allowed: bool
+) -> Iterator[object]:
+    """Each record's `id_key` value in file order, without building the records; stops at
+    the first error (reading the records reports it)."""
+    encoding = detect_encoding(path)
+    if path.name.removesuffix(".gz").endswith(JSON_LINES_SUFFIXES):
+        for _, record in _json_lines(path, encoding, array_key):
+            yield record.get(id_key) if isinstance(record, dict) else None
+        return
+    with open_source(path) as source:
+        first = _first_char(Utf8Stream(source, encoding, path))
+    if first == b"[" and is_array_allowed:
+        prefix = f"item.{id_key}"
+    elif first == b"{" and _is_record_stream(path, encoding, array_key, id_key):
+        prefix = id_key
+    else:
+        prefix = f"{array_key}.item.{id_key}"
+    with open_source(path) as source:
+        stream = Utf8Stream(source, encoding, path)
+        try:
+            yield from ijson.items(stream, prefix, use_float=True, multiple_values=True)
+        except ijson.JSONError:
+            return
+
+
 def _kept(items: Iterable[Any], keep: tuple[str, ...]) -> list[dict[str, Any]]:
     return [{name: item.get(name) for name in keep} for item in items if isinstance(item, dict)]
 
