@@ -77,6 +77,8 @@ def ingest_tickets(
     if from_github is not None:
         if path is not None or source_format not in (None, "github"):
             raise InvalidInput("--from-github takes no export file and no --format but github")
+        with _domain(tenant, domain):  # a wrong domain fails before any request is made
+            pass
         path = _fetch_github(from_github, github_state, max_rate_wait_s, quiet=as_json)
         source_format = "github"
     if path is None or source_format is None:

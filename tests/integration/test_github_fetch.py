@@ -330,6 +330,54 @@ def test_ingest_tickets_from_github_goes_in_once(
     assert again["duplicate"] == sum(first["accepted"].values())
 
 
+def test_a_stopped_fetch_fails_in_one_line_and_the_rerun_ingests_everything(
+    github: FakeGithub,
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_GITHUB_TOKEN", TOKEN)
+    monkeypatch.setenv("FLYWHEEL_GITHUB_API_URL", github.url)
+    state = tmp_path / "fetch"
+    args = ["ingest", "tickets", "--from-github", REPOSITORY, "--github-state", str(state)]
+    args += ["--max-rate-wait", "5", "--domain", "billing", "--json"]
+    github.refusals = {4: (429, {"Retry-After": "600"})}
+
+    code, out, err = run_cli(capsys, *args)
+
+    assert code == 1
+    assert out == ""
+    assert err.startswith("error: GitHub's rate limit asks for a 10-minute wait")
+    assert len(err.strip().splitlines()) == 1
+    assert TOKEN not in err
+
+    code, out, err = run_cli(capsys, *args)
+
+    assert code == 0, err
+    assert json.loads(out)["read"] == 6
+    assert saved_numbers(state) == [issue["number"] for issue in fixture_issues()]
+
+
+def test_a_wrong_domain_fails_before_any_request(
+    github: FakeGithub,
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_GITHUB_API_URL", github.url)
+    args = ["--from-github", REPOSITORY, "--github-state", str(tmp_path / "fetch")]
+
+    code, _, err = run_cli(capsys, "ingest", "tickets", *args, "--domain", "nope")
+
+    assert code == 1
+    assert "nope" in err
+    assert github.requests == []
+
+
 @pytest.mark.parametrize(
     ("args", "message"),
     [
