@@ -99,10 +99,11 @@ def _fetch_github(repository: str, state: Path | None, max_wait_s: float, *, qui
             result = github_api.fetch_issues(api, repository, state_dir, progress=advance)
     finally:
         api.close()
-    resumed = " (resumed)" if result.is_resumed else ""
+    how = f"updated since {result.since}" if result.since else "all"
+    how += ", resumed" if result.is_resumed else ""
     sys.stderr.write(
-        f"github: {result.issues} issues of {repository} in {result.path}{resumed}, "
-        f"{result.fetched} fetched now in {result.requests} requests\n"
+        f"github: {result.issues} issues of {repository} in {result.path}; fetched {how}: "
+        f"{result.fetched} issues in {result.requests} requests\n"
     )
     return result.path
 

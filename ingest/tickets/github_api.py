@@ -15,8 +15,11 @@ embedded), for `flywheel ingest tickets --from-github owner/repo`.
   without headers); a response leaving 0 requests waits for the reset before the next
   request. A wait longer than `max_wait_s` stops the fetch with what to do and when.
 - Resuming: each issue is appended to `issues.jsonl` once complete, and `state.json` keeps
-  the page being read; a rerun continues at that page and skips issues already in the file,
-  so nothing is fetched or written twice. A finished fetch is not repeated.
+  the page being read; a rerun continues at that page and skips issues the pass already
+  wrote, so nothing is fetched or written twice.
+- Refreshing: once a fetch is complete, the next run fetches only the issues updated since
+  it began (`since=`), appended; the reader takes each issue's last copy (the earlier ones
+  are rejected `superseded`), and the store keeps what did not change as it was.
 """
 
 from __future__ import annotations
@@ -83,6 +86,9 @@ class GithubApi:
 
     def close(self) -> None:
         self._client.close()
+
+    def now(self) -> float:
+        return self._clock()
 
     def page(self, url: str) -> tuple[list[Any], str | None]:
         """The page's items and the next page's URL (None on the last)."""
@@ -204,38 +210,45 @@ def _message(response: httpx.Response) -> str:
 
 @dataclass
 class FetchState:
-    """What `state.json` keeps between runs."""
+    """What `state.json` keeps between runs. A pass reads every issue updated since the
+    previous pass began (the first pass: all of them); its issues are appended from byte
+    `pass_offset` of the export on."""
 
     repository: str
-    next_url: str | None = None  # the page being read; None before the first
+    next_url: str | None = None  # the page being read; None before the pass's first
     is_complete: bool = False
+    pass_started_at: str | None = None  # ISO 8601, when the current (or last) pass began
+    since: str | None = None  # the pass reads issues updated at or after this
+    pass_offset: int = 0
 
 
 @dataclass(frozen=True)
 class FetchResult:
     path: Path  # the export, one issue per line
-    issues: int  # issues in it
-    fetched: int  # of which this run fetched
+    issues: int  # distinct issues in it
+    fetched: int  # issues this run fetched
     requests: int
-    is_resumed: bool
+    is_resumed: bool  # continued a pass an earlier run began
+    since: str | None  # a refresh: issues updated since then were fetched
 
 
 def fetch_issues(
     api: GithubApi, repository: str, state_dir: Path, *, progress: Progress | None = None
 ) -> FetchResult:
-    """Fetch the repository's issues into `state_dir/issues.jsonl`, continuing a fetch a
-    rate limit, a crash or Ctrl-C stopped. RateLimited when GitHub asks for a longer wait
-    than allowed: what was fetched is kept."""
+    """Fetch the repository's issues into `state_dir/issues.jsonl`: all of them the first
+    time, then those updated since the previous fetch began (appended; the reader takes an
+    issue's last copy). Continues a pass a rate limit, a crash or Ctrl-C stopped; RateLimited
+    when GitHub asks for a longer wait than allowed, with what was fetched kept."""
     check_repository(repository)
     state_dir.mkdir(parents=True, exist_ok=True)
     path, state_path = state_dir / "issues.jsonl", state_dir / "state.json"
     state = _load_state(state_path, repository)
-    done = _written_numbers(path)
-    is_resumed = bool(done) or state.next_url is not None
-    if state.is_complete:
-        return FetchResult(path, len(done), 0, 0, is_resumed=True)
-    first = f"{api.api_url}/repos/{repository}/issues?state=all&sort=created&direction=asc"
-    url: str | None = state.next_url or f"{first}&per_page={PER_PAGE}"
+    written = _written_numbers(path)
+    is_resumed = state.next_url is not None or (bool(written) and not state.is_complete)
+    if state.is_complete or state.pass_started_at is None:
+        _begin_pass(state, api, offset=sum(size for _, size in written))
+    done = _numbers_from(written, state.pass_offset)
+    url: str | None = state.next_url or _first_page(api, repository, state.since)
     fetched = 0
     try:
         with path.open("ab") as out:
@@ -245,10 +258,34 @@ def fetch_issues(
                 items, url = api.page(url)
                 fetched += _write_new(api, repository, items, done, out, progress)
     except RateLimitWait as wait:
-        raise _stopped(wait, len(done), state_dir) from None
+        raise _stopped(wait, state_dir) from None
     state.next_url, state.is_complete = None, True
     _save_state(state_path, state)
-    return FetchResult(path, len(done), fetched, api.requests, is_resumed)
+    issues = len({number for number, _ in _written_numbers(path)})
+    return FetchResult(path, issues, fetched, api.requests, is_resumed, state.since)
+
+
+def _begin_pass(state: FetchState, api: GithubApi, *, offset: int) -> None:
+    """A refresh after a complete pass (appending at `offset`), or the first pass."""
+    offset = offset if state.is_complete else 0
+    state.since = state.pass_started_at if state.is_complete else None
+    state.pass_started_at = datetime.fromtimestamp(api.now(), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    state.pass_offset, state.next_url, state.is_complete = offset, None, False
+
+
+def _first_page(api: GithubApi, repository: str, since: str | None) -> str:
+    url = f"{api.api_url}/repos/{repository}/issues?state=all&sort=created&direction=asc"
+    return f"{url}&per_page={PER_PAGE}" + (f"&since={since}" if since else "")
+
+
+def _numbers_from(written: list[tuple[int, int]], offset: int) -> set[int]:
+    """The numbers of the issues written from byte `offset` on."""
+    numbers, position = set(), 0
+    for number, size in written:
+        if position >= offset:
+            numbers.add(number)
+        position += size
+    return numbers
 
 
 def _write_new(
@@ -287,11 +324,11 @@ def _with_thread(api: GithubApi, repository: str, issue: dict[str, Any]) -> dict
     return issue
 
 
-def _stopped(wait: RateLimitWait, saved: int, state_dir: Path) -> RateLimited:
+def _stopped(wait: RateLimitWait, state_dir: Path) -> RateLimited:
     resets = datetime.fromtimestamp(wait.resets_at, UTC).strftime("%H:%M UTC")
     return RateLimited(
         f"GitHub's rate limit asks for a {wait.wait_s / 60:.0f}-minute wait (until {resets}); "
-        f"{saved} issues are saved in {state_dir}: run the same command again then to continue",
+        f"what was fetched is saved in {state_dir}: run the same command again then to continue",
         retry_after_s=wait.wait_s,
     )
 
@@ -322,26 +359,26 @@ def _save_state(path: Path, state: FetchState) -> None:
     os.replace(partial, path)
 
 
-def _written_numbers(path: Path) -> set[int]:
-    """The issue numbers already in the file; a last line cut short by a crash is dropped."""
+def _written_numbers(path: Path) -> list[tuple[int, int]]:
+    """(number, bytes) of each issue line already in the file; a last line cut short by a
+    crash is cut off."""
     if not path.exists():
-        return set()
-    numbers: set[int] = set()
-    good = 0
+        return []
+    written: list[tuple[int, int]] = []
     with path.open("rb") as source:
         for line in source:
             try:
                 issue = orjson.loads(line) if line.endswith(b"\n") else None
             except orjson.JSONDecodeError:
                 issue = None
-            if not isinstance(issue, dict):
+            if not isinstance(issue, dict) or not isinstance(issue.get("number"), int):
                 break
-            numbers.add(issue["number"])
-            good += len(line)
+            written.append((issue["number"], len(line)))
+    good = sum(size for _, size in written)
     if good != path.stat().st_size:
         with path.open("r+b") as source:
             source.truncate(good)
-    return numbers
+    return written
 
 
 def github_api_from_environment(*, max_wait_s: float) -> GithubApi:

@@ -65,7 +65,7 @@ class FakeGithub:
             return 401, limits, {"message": "Bad credentials"}
         parts = urlsplit(target)
         query = {key: values[0] for key, values in parse_qs(parts.query).items()}
-        items = self._items(parts.path)
+        items = self._items(parts.path, query)
         if items is None:
             return 404, limits, {"message": "Not Found"}
         size = min(int(query.get("per_page", 30)), self.page_size)
@@ -73,10 +73,11 @@ class FakeGithub:
         headers = limits | self._link(parts.path, query, page, -(-len(items) // size))
         return 200, headers, items[(page - 1) * size : page * size]
 
-    def _items(self, path: str) -> list[Any] | None:
+    def _items(self, path: str, query: dict[str, str]) -> list[Any] | None:
         base = f"/repos/{REPOSITORY}/issues"
         if path == base:
-            return [self._listed(issue) for issue in self.issues]
+            since = query.get("since", "")
+            return [self._listed(i) for i in self.issues if i["updated_at"] >= since]
         for issue in self.issues:
             if path == f"{base}/{issue['number']}/comments":
                 return list(issue["comments"])
@@ -238,8 +239,40 @@ def test_a_long_rate_limit_stops_and_a_rerun_continues_without_repeats(
     for path in state.iterdir():
         assert TOKEN not in path.read_text(encoding="utf-8")
 
-    finished = fetch_issues(api(github, Clock()), REPOSITORY, state)
-    assert (finished.fetched, finished.requests) == (0, 0)
+    refreshed = fetch_issues(api(github, Clock()), REPOSITORY, state)
+    assert (refreshed.fetched, refreshed.requests, refreshed.issues) == (0, 1, 6)
+    assert "since=" in github.requests[-1][0]
+
+
+def test_a_refresh_fetches_what_changed_and_the_latest_copy_is_read(
+    github: FakeGithub, tmp_path: Path
+) -> None:
+    """After a complete fetch, #16 (open) is answered and closed: the next fetch asks for
+    the issues updated since the first began, appends #16's new state, and the reader takes
+    it over the old copy."""
+    state = tmp_path / "state"
+    fetch_issues(api(github, Clock()), REPOSITORY, state)
+    sixteen = next(issue for issue in github.issues if issue["number"] == 16)
+    answer = dict(sixteen["comments"][0], id=9302, body="Fixed in 2.4.0: dark mode is on.")
+    sixteen.update(
+        state="closed",
+        state_reason="completed",
+        updated_at="2027-02-01T00:00:00Z",  # after the first fetch began (the clock's NOW)
+        comments=[*sixteen["comments"], answer],
+        events=[{"id": 1, "event": "closed", "created_at": "2027-02-01T00:00:00Z"}],
+    )
+    before = len(github.requests)
+
+    result = fetch_issues(api(github, Clock()), REPOSITORY, state)
+
+    assert (result.fetched, result.issues, result.since) == (1, 6, "2027-01-15T08:00:00Z")
+    targets = [urlsplit(t) for t, _ in github.requests[before:]]
+    assert [t.path.rsplit("/", 1)[-1] for t in targets] == ["issues", "comments", "events"]
+    assert "since=2027-01-15T08:00:00Z" in targets[0].query
+    results = convert_all(make_ticket_ingestor("github", result.path))
+    assert results[4] == "superseded"  # the old copy of #16
+    assert isinstance(results[-1], list)
+    assert results[-1][0].completion == "Fixed in 2.4.0: dark mode is on."
 
 
 def test_a_line_cut_short_by_a_crash_is_fetched_again(github: FakeGithub, tmp_path: Path) -> None:
@@ -324,7 +357,7 @@ def test_ingest_tickets_from_github_goes_in_once(
     code, out, err = run_cli(capsys, *args)
 
     assert code == 0, err
-    assert len(github.requests) == requests  # the fetch was complete
+    assert len(github.requests) == requests + 1  # the fetch was complete: what changed since?
     again = json.loads(out)
     assert again["accepted"] == {}
     assert again["duplicate"] == sum(first["accepted"].values())
