@@ -90,7 +90,7 @@ class TicketExport:
 
     def _read_sideloads(self) -> Sideloads:
         """Side-loaded objects by kind and id; a later page's copy of one wins."""
-        found = read_sideloads(self.path, self.sideload_fields)
+        found = read_sideloads(self.path, self.sideload_fields, array_key=self.array_key)
         sideloads: Sideloads = {}
         for kind, items in found.items():
             objects = [

@@ -205,7 +205,7 @@ def _is_record_stream(path: Path, encoding: Encoding, array_key: str, id_key: st
 
 
 def read_sideloads(
-    path: Path, fields: dict[str, tuple[str, ...]]
+    path: Path, fields: dict[str, tuple[str, ...]], *, array_key: str
 ) -> dict[str, list[dict[str, Any]]]:
     """The objects side-loaded beside the record array of every page of a JSON export
     (`{"tickets": [...], "users": [...]}`), keeping only `fields[key]` of each. A file that
@@ -215,8 +215,9 @@ def read_sideloads(
     encoding = detect_encoding(path)
     if path.name.removesuffix(".gz").endswith(JSON_LINES_SUFFIXES):
         for _, page in _json_lines(path, encoding, array_key=None):
-            for key, keep in fields.items():
-                items = page.get(key) if isinstance(page, dict) else None
+            is_page = isinstance(page, dict) and isinstance(page.get(array_key), list)
+            for key, keep in fields.items() if is_page else ():
+                items = page.get(key)
                 found[key] += _kept(items if isinstance(items, list) else [], keep)
         return found
     for key, keep in fields.items():
