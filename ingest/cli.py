@@ -59,7 +59,7 @@ def ingest_tickets(
         "--from-github",
         metavar="OWNER/REPO",
         help="Fetch the repository's issues with their comments from the GitHub API (token "
-        "from FLYWHEEL_GITHUB_TOKEN or GITHUB_TOKEN); a rerun resumes a stopped fetch.",
+        "from FLYWHEEL_GITHUB_TOKEN or GITHUB_TOKEN); a rerun resumes it, or fetches what changed.",
     ),
     github_state: Path | None = typer.Option(
         None, "--github-state", help="Where the fetch keeps issues and cursor [<home>/github/]."
