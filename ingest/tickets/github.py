@@ -79,7 +79,11 @@ def read_issue(issue: Fields) -> Thread:
     if issue.text("state") == "closed" and reason not in COMPLETED:
         raise Rejected("not_planned", f"github:{ticket_id} was closed as {reason}")
     if isinstance(issue.raw("comments"), int) and issue.raw("comments"):
-        raise Rejected("comments_not_exported", f"github:{ticket_id} has only a comment count")
+        raise Rejected(
+            "comments_not_exported",
+            f"github:{ticket_id} has only a comment count (embed each issue's comments, or "
+            "fetch with --from-github)",
+        )
     author = _login(issue.obj("user"))
     posts, unplaced = _posts(issue, author)
     if issue.text("state") == "closed" and unplaced:
