@@ -47,12 +47,25 @@ VerifyOption = typer.Option(True, "--verify/--no-verify", help="Run verifier QA 
 
 @ingest.command("tickets")
 def ingest_tickets(
-    path: Path = typer.Argument(..., help="The export file."),
-    source_format: str = typer.Option(
-        ..., "--format", help="zendesk, jira, github or csv (csv needs --mapping)."
+    path: Path | None = typer.Argument(None, help="The export file (none with --from-github)."),
+    source_format: str | None = typer.Option(
+        None, "--format", help="zendesk, jira, github or csv (csv needs --mapping)."
     ),
     mapping: str | None = typer.Option(
         None, "--mapping", help="CSV columns, e.g. 'id=Ticket ID,body=Description,...'."
+    ),
+    from_github: str | None = typer.Option(
+        None,
+        "--from-github",
+        metavar="OWNER/REPO",
+        help="Fetch the repository's issues with their comments from the GitHub API (token "
+        "from FLYWHEEL_GITHUB_TOKEN or GITHUB_TOKEN); a rerun resumes it, or fetches what changed.",
+    ),
+    github_state: Path | None = typer.Option(
+        None, "--github-state", help="Where the fetch keeps issues and cursor [<home>/github/]."
+    ),
+    max_rate_wait_s: float = typer.Option(
+        60.0, "--max-rate-wait", min=0, help="Seconds to wait out a GitHub rate limit, else stop."
     ),
     domain: str = DomainOption,
     tenant: str | None = TenantOption,
@@ -61,7 +74,38 @@ def ingest_tickets(
     """Support tickets: resolutions become SFT examples, reopen/re-solve becomes pairs."""
     from ingest.tickets import make_ticket_ingestor
 
+    if from_github is not None:
+        if path is not None or source_format not in (None, "github"):
+            raise InvalidInput("--from-github takes no export file and no --format but github")
+        with _domain(tenant, domain):  # a wrong domain fails before any request is made
+            pass
+        path = _fetch_github(from_github, github_state, max_rate_wait_s, quiet=as_json)
+        source_format = "github"
+    if path is None or source_format is None:
+        raise InvalidInput("give an export file and its --format, or --from-github owner/repo")
     _run(make_ticket_ingestor(source_format, path, mapping), tenant, domain, as_json)
+
+
+def _fetch_github(repository: str, state: Path | None, max_wait_s: float, *, quiet: bool) -> Path:
+    """Fetch (or finish fetching) the repository's issues; the export file."""
+    from flywheel.cli.common import settings
+    from ingest.tickets import github_api
+
+    github_api.check_repository(repository)
+    state_dir = state or settings().home / "github" / repository.replace("/", "+")
+    api = github_api.github_api_from_environment(max_wait_s=max_wait_s)
+    try:
+        with progress_bar(f"github: fetching {repository}", is_quiet=quiet) as advance:
+            result = github_api.fetch_issues(api, repository, state_dir, progress=advance)
+    finally:
+        api.close()
+    how = f"updated since {result.since}" if result.since else "all"
+    how += ", resumed" if result.is_resumed else ""
+    sys.stderr.write(
+        f"github: {result.issues} issues of {repository} in {result.path}; fetched {how}: "
+        f"{result.fetched} issues in {result.requests} requests\n"
+    )
+    return result.path
 
 
 @ingest.command("repo")

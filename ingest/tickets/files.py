@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import codecs
 import io
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -125,13 +125,18 @@ def read_json_records(
     noun: str,
     name_of: Callable[[Any], str],
     is_array_allowed: bool = False,
+    id_key: str = "id",
 ) -> Iterator[tuple[str, Any]]:
     """(where, record) for each record of a JSON export: the items of the top-level
     `array_key` array, of a top-level array when the vendor's API returns one, or one per
-    line of a JSON Lines file."""
+    line of a JSON Lines file. Several documents one after another read as one export:
+    pages saved in a row (`gh api --paginate` writes `[...][...]`, paged API responses
+    `{"tickets": [...]}{"tickets": [...]}`), gh's `--slurp` (an array of page arrays), and
+    records one after another (`--jq '.[]'`), told apart by the first object having the
+    record's `id_key` and no `array_key`."""
     encoding = detect_encoding(path)
     if path.name.removesuffix(".gz").endswith(JSON_LINES_SUFFIXES):
-        yield from _json_lines(path, encoding)
+        yield from _json_lines(path, encoding, array_key)
         return
     with open_source(path) as source:
         first = _first_char(Utf8Stream(source, encoding, path))
@@ -142,13 +147,29 @@ def read_json_records(
             f'{path}: a JSON array, where this export has {{"{array_key}": [...]}}; '
             "is --format right for this export?"
         )
-    prefix = "item" if first == b"[" else f"{array_key}.item"
+    if first == b"[":
+        prefix = "item"
+    elif _is_record_stream(path, encoding, array_key, id_key):
+        prefix = ""
+    else:
+        prefix = f"{array_key}.item"
+    count = yield from _stream_items(path, encoding, prefix, noun, name_of)
+    if count == 0 and prefix == f"{array_key}.item":
+        _check_has_array(path, encoding, array_key)
+
+
+def _stream_items(
+    path: Path, encoding: Encoding, prefix: str, noun: str, name_of: Callable[[Any], str]
+) -> Generator[tuple[str, Any], None, int]:
+    """The values at `prefix` of every top-level document, one at a time; a page array among
+    them (gh's --slurp) gives its items. Returns how many were yielded."""
     count, last = 0, ""
     with open_source(path) as source:
-        records = ijson.items(Utf8Stream(source, encoding, path), prefix, use_float=True)
+        stream = Utf8Stream(source, encoding, path)
+        values = ijson.items(stream, prefix, use_float=True, multiple_values=True)
         while True:
             try:
-                record = next(records)
+                value = next(values)
             except StopIteration:
                 break
             except ijson.JSONError as error:
@@ -157,11 +178,87 @@ def read_json_records(
                     f"{path}: truncated or malformed JSON in {noun} #{count + 1}{after}: "
                     f"{_first_line(error)}"
                 ) from error
-            count += 1
-            last = name_of(record)
-            yield f"#{count}", record
-    if count == 0 and first != b"[":
-        _check_has_array(path, encoding, array_key)
+            for record in value if prefix == "item" and isinstance(value, list) else [value]:
+                count += 1
+                last = name_of(record)
+                yield f"#{count}", record
+    return count
+
+
+def _is_record_stream(path: Path, encoding: Encoding, array_key: str, id_key: str) -> bool:
+    """Whether the first top-level object is a record itself (records one after another)
+    rather than a page holding them under `array_key`."""
+    keys: set[str] = set()
+    with open_source(path) as source:
+        try:
+            events = ijson.parse(Utf8Stream(source, encoding, path), multiple_values=True)
+            for prefix, event, value in events:
+                if prefix == "" and event == "map_key":
+                    if value == array_key:
+                        return False
+                    keys.add(str(value))
+                elif prefix == "" and event == "end_map":
+                    return id_key in keys
+        except ijson.JSONError:
+            return False  # the page reader names the error and where
+    return False
+
+
+def read_sideloads(
+    path: Path, fields: dict[str, tuple[str, ...]], *, array_key: str
+) -> dict[str, list[dict[str, Any]]]:
+    """The objects side-loaded beside the record array of every page of a JSON export
+    (`{"tickets": [...], "users": [...]}`), keeping only `fields[key]` of each. A file that
+    is malformed yields what comes before the error: the record reader reports the error,
+    naming the record."""
+    found: dict[str, list[dict[str, Any]]] = {key: [] for key in fields}
+    encoding = detect_encoding(path)
+    if path.name.removesuffix(".gz").endswith(JSON_LINES_SUFFIXES):
+        for _, page in _json_lines(path, encoding, array_key=None):
+            is_page = isinstance(page, dict) and isinstance(page.get(array_key), list)
+            for key, keep in fields.items() if is_page else ():
+                items = page.get(key)
+                found[key] += _kept(items if isinstance(items, list) else [], keep)
+        return found
+    for key, keep in fields.items():
+        with open_source(path) as source:
+            stream = Utf8Stream(source, encoding, path)
+            items = ijson.items(stream, f"{key}.item", use_float=True, multiple_values=True)
+            try:
+                found[key] += _kept(items, keep)
+            except (ijson.JSONError, InvalidInput):
+                continue
+    return found
+
+
+def read_record_ids(
+    path: Path, *, array_key: str, id_key: str, is_array_allowed: bool
+) -> Iterator[object]:
+    """Each record's `id_key` value in file order, without building the records; stops at
+    the first error (reading the records reports it)."""
+    encoding = detect_encoding(path)
+    if path.name.removesuffix(".gz").endswith(JSON_LINES_SUFFIXES):
+        for _, record in _json_lines(path, encoding, array_key):
+            yield record.get(id_key) if isinstance(record, dict) else None
+        return
+    with open_source(path) as source:
+        first = _first_char(Utf8Stream(source, encoding, path))
+    if first == b"[" and is_array_allowed:
+        prefix = f"item.{id_key}"
+    elif first == b"{" and _is_record_stream(path, encoding, array_key, id_key):
+        prefix = id_key
+    else:
+        prefix = f"{array_key}.item.{id_key}"
+    with open_source(path) as source:
+        stream = Utf8Stream(source, encoding, path)
+        try:
+            yield from ijson.items(stream, prefix, use_float=True, multiple_values=True)
+        except ijson.JSONError:
+            return
+
+
+def _kept(items: Iterable[Any], keep: tuple[str, ...]) -> list[dict[str, Any]]:
+    return [{name: item.get(name) for name in keep} for item in items if isinstance(item, dict)]
 
 
 def _first_line(error: Exception) -> str:
@@ -183,7 +280,8 @@ def _check_has_array(path: Path, encoding: Encoding, array_key: str) -> None:
     keys: list[str] = []
     with open_source(path) as source:
         try:
-            for prefix, event, value in ijson.parse(Utf8Stream(source, encoding, path)):
+            events = ijson.parse(Utf8Stream(source, encoding, path), multiple_values=True)
+            for prefix, event, value in events:
                 if prefix == array_key and event == "start_array":
                     return
                 if prefix == "" and event == "map_key" and len(keys) < 10:
@@ -197,14 +295,22 @@ def _check_has_array(path: Path, encoding: Encoding, array_key: str) -> None:
     )
 
 
-def _json_lines(path: Path, encoding: Encoding) -> Iterator[tuple[str, Any]]:
+def _json_lines(path: Path, encoding: Encoding, array_key: str | None) -> Iterator[tuple[str, Any]]:
+    """One record per line; a line that is a page (an object holding `array_key`, as an
+    incremental export's response saved one per line) or an array gives its items."""
     for number, line in read_lines(path, encoding):
         if not line.strip():
             continue
         try:
-            yield f"line {number}", orjson.loads(line)
+            value = orjson.loads(line)
         except orjson.JSONDecodeError as error:
             raise InvalidInput(f"{path} line {number}: not JSON ({error})") from error
+        items = value.get(array_key) if isinstance(value, dict) and array_key else value
+        if isinstance(items, list) and array_key:
+            for index, item in enumerate(items, 1):
+                yield f"line {number} #{index}", item
+        else:
+            yield f"line {number}", value
 
 
 def read_lines(path: Path, encoding: Encoding) -> Iterator[tuple[int, str]]:

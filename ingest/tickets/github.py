@@ -13,15 +13,21 @@ count) and, for reopen and escalation history, its `GET .../issues/{number}/even
       "events": [{"event": "closed"|"reopened"|"labeled", "label": {"name"},
                   "created_at"}]}]
 
-as a top-level array, as `{"issues": [...]}`, or one issue per line (`.jsonl`). Bodies are
-Markdown and stay Markdown (code in them must survive); HTML comments (issue-template
+as a top-level array, as `{"issues": [...]}`, or one issue per line (`.jsonl`); and as
+`gh api --paginate` writes it: page arrays one after another (`[...][...]`), an array of
+pages (`--slurp`) or issues one after another (`--jq '.[]'`). `flywheel ingest tickets
+--from-github owner/repo` fetches this shape from the REST API (`ingest.tickets.github_api`).
+Bodies are Markdown and stay Markdown (code in them must survive); HTML comments (issue-template
 instructions) and quoted replies are taken out. Rules:
 
 - Pull requests (they carry `pull_request`) are rejected `pull_request`.
 - Resolved: `state` closed with `state_reason` completed (or none, as issues closed before
   GitHub recorded reasons); closed as not_planned or duplicate is rejected `not_planned`.
 - The issue author is the customer; comments by the repository's OWNER, MEMBER or
-  COLLABORATOR are the agent's (maintainers'); bots and other users are neither. An issue
+  COLLABORATOR (`author_association`, as the REST API returns it) are the agent's
+  (maintainers'); bots and other users are neither. A closed issue with a comment that has
+  no `author_association` (an export that dropped it) is rejected `unknown_roles`: the
+  commenter's side is not guessed. An issue
   whose `comments` is still the API's count was exported without its comments: rejected
   `comments_not_exported`.
 - Resolutions, reopens: `closed` and `reopened` events.
@@ -53,6 +59,7 @@ class GithubIngestor(TicketExport):
     source_format = "github"
     noun = "issue"
     array_key = "issues"
+    id_key = "number"
     is_array_allowed = True
 
     def name_of(self, payload: Any) -> str:
@@ -72,9 +79,20 @@ def read_issue(issue: Fields) -> Thread:
     if issue.text("state") == "closed" and reason not in COMPLETED:
         raise Rejected("not_planned", f"github:{ticket_id} was closed as {reason}")
     if isinstance(issue.raw("comments"), int) and issue.raw("comments"):
-        raise Rejected("comments_not_exported", f"github:{ticket_id} has only a comment count")
+        raise Rejected(
+            "comments_not_exported",
+            f"github:{ticket_id} has only a comment count (embed each issue's comments, or "
+            "fetch with --from-github)",
+        )
     author = _login(issue.obj("user"))
-    timed = [*_posts(issue, author), *_changes(issue)]
+    posts, unplaced = _posts(issue, author)
+    if issue.text("state") == "closed" and unplaced:
+        raise Rejected(
+            "unknown_roles",
+            f"github:{ticket_id}: no author_association for {', '.join(unplaced)} (export "
+            "comments as the REST API returns them)",
+        )
+    timed = [*posts, *_changes(issue)]
     timed.sort(key=lambda item: (item[0], isinstance(item[1], Change)))
     labels = _labels(issue)
     return Thread(
@@ -96,23 +114,33 @@ def _repository(issue: Fields) -> str:
     return ""
 
 
-def _posts(issue: Fields, author: str) -> list[tuple[datetime, Entry]]:
+def _posts(issue: Fields, author: str) -> tuple[list[tuple[datetime, Entry]], list[str]]:
+    """The posts, and the commenters whose side the export does not say."""
     created = issue.time("created_at") or _NO_TIME
     posts: list[tuple[datetime, Entry]] = [(created, Post("body", "customer", _text(issue)))]
+    unplaced: dict[str, None] = {}
     comments = issue.objects("comments") if isinstance(issue.raw("comments"), list) else []
     for comment in comments:
-        post = Post(comment.ident("id"), _role(comment, author), _text(comment))
+        role = _role(comment, author)
+        if role is None:
+            unplaced.setdefault(_login(comment.obj("user")) or "(no user)", None)
+        post = Post(comment.ident("id"), role or "other", _text(comment))
         posts.append((comment.time("created_at") or created, post))
-    return posts
+    return posts, list(unplaced)
 
 
-def _role(comment: Fields, author: str) -> Role:
+def _role(comment: Fields, author: str) -> Role | None:
+    """None when the comment has no author_association to tell (the REST API always sends
+    one: OWNER, MEMBER, COLLABORATOR are the maintainers; CONTRIBUTOR, NONE... are not)."""
     user = comment.obj("user")
     if user is not None and user.text("type") == "Bot":
         return "other"
     if author and _login(user) == author:
         return "customer"
-    return "agent" if comment.text("author_association") in MAINTAINERS else "other"
+    association = comment.text("author_association")
+    if not association:
+        return None
+    return "agent" if association in MAINTAINERS else "other"
 
 
 def _text(record: Fields) -> str:

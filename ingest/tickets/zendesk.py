@@ -13,15 +13,31 @@ Accepted shape, as paging `GET /api/v2/tickets.json` and fetching each ticket's
                   "audits": [{"created_at", "events": [{"type": "Change",
                               "field_name": "status"|"tags", "value", "previous_value"}]}]}]}
 
-or the same ticket objects one per line (`.jsonl`). Other top-level keys (`next_page`,
-`count`, `users`...) are ignored. Rules:
+Also accepted, as Zendesk's tools write them:
+
+- users and organizations side-loaded beside the tickets (`?include=users,organizations`:
+  `{"tickets": [...], "users": [...], "organizations": [...], "next_page": ...}`), read
+  before the tickets wherever they sit in the file;
+- a ticket's `comments` (or `audits`) embedded as the endpoint returned them,
+  `{"comments": [...], "users": [...]}`; a ticket with no `comments` at all reads its
+  comments from its audits' `Comment` events (`/tickets/{id}/audits.json`);
+- the incremental export (`/api/v2/incremental/tickets.json`, time- or cursor-based): its
+  pages (`tickets`, side-loads, `end_time`, `next_page`/`after_url`, `end_of_stream`) saved
+  one after another or one per line. A ticket updated during the export comes again in a
+  later page: only its last copy is read, the others are rejected `superseded`. Incremental tickets
+  carry no comments: embed them, or they are rejected `comments_not_exported`;
+- the ticket objects one per line (`.jsonl`).
+
+Rules:
 
 - Resolved: status `solved` or `closed`.
 - The first comment is the request (Zendesk's description), the customer's even when an
   agent typed it in for a phone call. After it, a comment's side comes from its author's
-  role in the sideloaded `users` (end-user: customer; agent, admin: agent); without one,
-  the requester is the customer, the assignee the agent, anyone else neither. Private
-  comments (internal notes) are left out; attachments are metadata only and add no text.
+  role (embedded or side-loaded `users`: end-user is the customer's side; agent, admin the
+  agent's); without one, the requester is the customer and the assignee the agent (only
+  agents can be assigned). A resolved ticket with a public reply by anyone else is
+  rejected `unknown_roles`: their side is never guessed. Private comments (internal
+  notes) are left out; attachments are metadata only and add no text.
 - Resolutions, reopens: audit `Change` events on `status` (into solved/closed resolves, out
   of them reopens). `metric_set.reopens` only counts reopens and cannot say which answer was
   reopened, so it is not read: without audits a ticket has one resolution.
@@ -34,8 +50,10 @@ or the same ticket objects one per line (`.jsonl`). Other top-level keys (`next_
 from __future__ import annotations
 
 from datetime import UTC, datetime
+from typing import ClassVar
 
-from ingest.tickets.export import TicketExport
+from ingest.framework import Rejected
+from ingest.tickets.export import Sideloads, TicketExport
 from ingest.tickets.fields import Fields
 from ingest.tickets.text import body_text
 from ingest.tickets.thread import (
@@ -58,15 +76,39 @@ _NO_TIME = datetime.min.replace(tzinfo=UTC)
 
 class ZendeskIngestor(TicketExport):
     source_format = "zendesk"
+    sideload_fields: ClassVar[dict[str, tuple[str, ...]]] = {
+        "users": ("id", "name", "role"),
+        "organizations": ("id", "name"),
+    }
 
     def read_thread(self, record: Fields) -> Thread:
-        return read_ticket(record)
+        return read_ticket(record, self.sideloads)
 
 
-def read_ticket(ticket: Fields) -> Thread:
-    users = {user.ident("id"): user for user in ticket.objects("users")}
-    timed = [*_comments(ticket, users), *_changes(ticket.objects("audits"))]
+def read_ticket(ticket: Fields, sideloads: Sideloads | None = None) -> Thread:
+    """The ticket's thread; Rejected `comments_not_exported` for a ticket exported without
+    its comments, `unknown_roles` for a resolved one with a reply by someone the export
+    does not place on a side."""
+    loaded = sideloads or {}
+    people = _People(ticket, loaded.get("users", {}))
+    comments = _ticket_comments(ticket)
+    if comments is None:
+        raise Rejected(
+            "comments_not_exported",
+            f"zendesk:{ticket.ident('id')} has no comments (embed each ticket's comments.json "
+            "or audits.json)",
+        )
+    posts = _comments(comments, people)
+    timed = [*posts, *_changes(_audits(ticket))]
     timed.sort(key=lambda item: (item[0], isinstance(item[1], Change)))
+    is_resolved = ticket.text("status") in RESOLVED_STATUSES
+    if is_resolved and people.unplaced:
+        raise Rejected(
+            "unknown_roles",
+            f"zendesk:{ticket.ident('id')}: no role known for user "
+            f"{', '.join(dict.fromkeys(people.unplaced))} (export the users with the tickets: "
+            "include=users)",
+        )
     rating = ticket.obj("satisfaction_rating")
     score = SCORES.get(rating.text("score")) if rating else None
     return Thread(
@@ -74,37 +116,107 @@ def read_ticket(ticket: Fields) -> Thread:
         ticket_id=ticket.ident("id"),
         subject=ticket.text("subject") or ticket.text("raw_subject"),
         timeline=tuple(entry for _, entry in timed),
-        is_resolved=ticket.text("status") in RESOLVED_STATUSES,
+        is_resolved=is_resolved,
         is_escalated=any("escalat" in tag.casefold() for tag in ticket.strings("tags")),
         rating=Rating({"thumbs": score}) if score else None,
-        names=unique_names(_sender_name(ticket), *(user.text("name") for user in users.values())),
+        names=unique_names(
+            _sender_name(ticket),
+            *people.names(comments),
+            _organization_name(ticket, loaded.get("organizations", {})),
+        ),
         tags=ticket_tags(priority=ticket.text("priority"), type=ticket.text("type")),
     )
 
 
-def _comments(ticket: Fields, users: dict[str, Fields]) -> list[tuple[datetime, Entry]]:
-    requester = ticket.optional_ident("requester_id")
-    assignee = ticket.optional_ident("assignee_id")
+def _embedded(ticket: Fields, key: str) -> tuple[list[Fields], list[Fields]]:
+    """A list the ticket embeds (`comments`, `audits`) and the users that came with it: the
+    list itself, or the endpoint's response as it came ({"comments": [...], "users": [...]})."""
+    response = ticket.obj(key) if isinstance(ticket.raw(key), dict) else None
+    if response is not None:
+        return response.objects(key), response.objects("users")
+    return ticket.objects(key), []
+
+
+def _audits(ticket: Fields) -> list[Fields]:
+    return _embedded(ticket, "audits")[0]
+
+
+def _ticket_comments(ticket: Fields) -> list[_Comment] | None:
+    """The ticket's comments, from `comments` or else from its audits' Comment events; None
+    when the export has neither."""
+    if ticket.raw("comments") is not None:
+        return [_Comment(c, c.time("created_at")) for c in _embedded(ticket, "comments")[0]]
+    comments = [
+        _Comment(event, audit.time("created_at"), audit.optional_ident("author_id"))
+        for audit in _audits(ticket)
+        for event in audit.objects("events")
+        if event.text("type") == "Comment"
+    ]
+    return comments or None
+
+
+class _Comment:
+    __slots__ = ("author", "fields", "when")
+
+    def __init__(self, fields: Fields, when: datetime | None, author: str | None = None) -> None:
+        self.fields, self.when = fields, when or _NO_TIME
+        self.author = fields.optional_ident("author_id") or author
+
+
+class _People:
+    """Who is on which side: a user's role (embedded with the ticket, or side-loaded beside
+    the tickets); without one, the requester is the customer and the assignee the agent
+    (only agents can be assigned). Anyone else is `unplaced`: their side is not guessed."""
+
+    def __init__(self, ticket: Fields, loaded: dict[str, Fields]) -> None:
+        own = [user for key in ("comments", "audits") for user in _embedded(ticket, key)[1]]
+        own = [*ticket.objects("users"), *own]
+        self.own = {user.ident("id"): user for user in own}
+        self.loaded = loaded
+        self.requester = ticket.optional_ident("requester_id")
+        self.assignee = ticket.optional_ident("assignee_id")
+        self.ids = [self.requester, ticket.optional_ident("submitter_id"), self.assignee]
+        self.unplaced: list[str] = []
+
+    def user(self, ident: str | None) -> Fields | None:
+        return self.own.get(ident or "") or self.loaded.get(ident or "")
+
+    def role(self, author: str | None) -> Role:
+        user = self.user(author)
+        if user is not None and user.text("role") in _ROLES:
+            return _ROLES[user.text("role")]
+        if author is not None and author == self.requester:
+            return "customer"
+        if author is not None and author == self.assignee:
+            return "agent"
+        self.unplaced.append(author or "(none)")
+        return "other"
+
+    def names(self, comments: list[_Comment]) -> list[str]:
+        """Names of the ticket's own users, then of the side-loaded ones it refers to."""
+        ids = [*self.ids, *(comment.author for comment in comments)]
+        loaded = [self.loaded[i] for i in dict.fromkeys(ids) if i and i in self.loaded]
+        users = [*self.own.values(), *(user for user in loaded if user not in self.own.values())]
+        return [user.text("name") for user in users]
+
+
+def _comments(comments: list[_Comment], people: _People) -> list[tuple[datetime, Entry]]:
     posts: list[tuple[datetime, Entry]] = []
-    for index, comment in enumerate(ticket.objects("comments")):
-        if not comment.flag("public", default=True):
+    for index, comment in enumerate(comments):
+        if not comment.fields.flag("public", default=True):
             continue
-        author = comment.optional_ident("author_id")
-        role = "customer" if index == 0 else _role(author, users, requester, assignee)
-        post = Post(comment.optional_ident("id") or str(index), role, _comment_text(comment))
-        posts.append((comment.time("created_at") or _NO_TIME, post))
+        role = "customer" if index == 0 else people.role(comment.author)
+        ref = comment.fields.optional_ident("id") or str(index)
+        posts.append((comment.when, Post(ref, role, _comment_text(comment.fields))))
     return posts
 
 
-def _role(
-    author: str | None, users: dict[str, Fields], requester: str | None, assignee: str | None
-) -> Role:
-    user = users.get(author or "")
-    if user is not None and user.text("role") in _ROLES:
-        return _ROLES[user.text("role")]
-    if author is not None and author == requester:
-        return "customer"
-    return "agent" if author is not None and author == assignee else "other"
+def _organization_name(ticket: Fields, loaded: dict[str, Fields]) -> str:
+    """The requester's organization (embedded or side-loaded): a name to redact too."""
+    ident = ticket.optional_ident("organization_id") or ""
+    own = {org.ident("id"): org for org in ticket.objects("organizations")}
+    organization = own.get(ident) or loaded.get(ident)
+    return organization.text("name") if organization is not None else ""
 
 
 def _comment_text(comment: Fields) -> str:

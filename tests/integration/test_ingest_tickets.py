@@ -25,6 +25,8 @@ CSV_MAPPING = (
 EXPORTS = [  # file, format, mapping, records read, rejected
     ("zendesk_tickets.json", "zendesk", None, 6, 2),
     ("zendesk_tickets.jsonl", "zendesk", None, 2, 1),
+    ("zendesk_sideloaded.json", "zendesk", None, 3, 1),
+    ("zendesk_incremental.jsonl", "zendesk", None, 4, 2),
     ("jira_search_v2.json", "jira", None, 1, 0),
     ("jira_search_v3.json", "jira", None, 5, 2),
     ("github_issues.json", "github", None, 7, 4),
@@ -106,6 +108,36 @@ def test_zendesk_signal_and_redaction(
     for person in ("Zoë Müller", "zoe.muller@example.de"):  # the requester of ticket 4711
         assert person not in text
     assert "<NAME>" in text
+
+
+def test_zendesk_side_loaded_users_train_the_accepted_answer(
+    on_test_database: sessionmaker[Session], acme: Caller, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reported defect, through the CLI: with `users` beside `tickets` the tier-2 answer
+    of ticket 5101 is the SFT target, the frontline answer it replaced the rejected side of
+    the pair, judged "ticket reopened" and "ticket escalated"."""
+    code, counts, err = ingest(
+        capsys, str(FIXTURES / "zendesk_sideloaded.json"), "--format", "zendesk"
+    )
+
+    assert code == 0, err
+    assert counts["rejected"] == {"unknown_roles": 1}
+    with on_test_database() as session:
+        sft = session.scalars(
+            select(SftExample).where(SftExample.group_key == "zendesk:5101")
+        ).one()
+        pair = session.scalars(select(PreferencePair)).one()
+        outcomes = sorted(
+            event.value["reason"]
+            for event in session.scalars(
+                select(FeedbackEvent).where(FeedbackEvent.kind == "outcome")
+            )
+        )
+    assert sft.completion.startswith("Hi ")
+    assert "stale token" in sft.completion
+    assert (pair.chosen, pair.group_key) == (sft.completion, "zendesk:5101")
+    assert pair.rejected.startswith("Please disconnect and reconnect")
+    assert outcomes == ["ticket escalated", "ticket reopened"]
 
 
 def test_bad_exports_fail_with_one_line(
