@@ -1,7 +1,8 @@
 """Benchmark: the feedback API against bare baselines, side by side in one run, on PostgreSQL.
 
-1. Single-event `POST /v1/feedback` (auth, validation, idempotency key per request) vs a bare
-   FastAPI endpoint doing one plain INSERT; both with 2 uvicorn workers, driven by `wrk`.
+1. Single-event `POST /v1/feedback` (auth, validation, idempotency key per request), served as
+   `flywheel serve --workers 2 --no-access-log` serves it (its bounded HTTP protocol), vs a bare
+   FastAPI endpoint doing one plain INSERT under plain uvicorn with 2 workers; `wrk` drives both.
    Runs alternate (bare, full, bare, full...) so drift hits both; the median round counts.
 2. `POST /v1/feedback/batch` (1,000 events per request) events/s vs a raw `COPY` of the same
    rows into the same table.
@@ -121,38 +122,44 @@ class Server:
         return total
 
 
+FLYWHEEL = "flywheel"
+"""The target that runs the API as `flywheel serve` does (its bounded HTTP protocol), without
+the access log: the bare endpoint has none either."""
+
+
+def server_command(target: str, port: int, workers: int) -> list[str]:
+    if target == FLYWHEEL:
+        serve = ["serve", "--port", str(port), "--workers", str(workers), "--no-access-log"]
+        return [sys.executable, "-m", "flywheel", *serve]
+    uvicorn = ["uvicorn", target, "--factory", "--port", str(port), "--workers", str(workers)]
+    return [sys.executable, "-m", *uvicorn, "--no-access-log", "--log-level", "warning"]
+
+
 @contextmanager
 def uvicorn_server(target: str, env: dict[str, str], workers: int = 2) -> Iterator[Server]:
+    """`target` (an app factory, or FLYWHEEL) served by uvicorn with `workers` processes."""
     port = free_port()
-    command = [
-        sys.executable,
-        "-m",
-        "uvicorn",
-        target,
-        "--factory",
-        "--port",
-        str(port),
-        "--workers",
-        str(workers),
-        "--no-access-log",
-        "--log-level",
-        "warning",
-    ]
-    process = subprocess.Popen(command, env=env, cwd=ROOT, stdout=subprocess.DEVNULL)
-    base = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"{base}/docs", timeout=1)
-                break
-            except httpx.TransportError:
-                time.sleep(0.2)
-        time.sleep(1.0)  # let both workers finish starting
-        yield Server(base, process.pid)
-    finally:
-        process.terminate()
-        process.wait(timeout=30)
+    with tempfile.TemporaryDirectory() as home:
+        process = subprocess.Popen(
+            server_command(target, port, workers),
+            env={**env, "FLYWHEEL_HOME": home},
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+        )
+        base = f"http://127.0.0.1:{port}"
+        try:
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline:
+                try:
+                    httpx.get(f"{base}/docs", timeout=1)
+                    break
+                except httpx.TransportError:
+                    time.sleep(0.2)
+            time.sleep(1.0)  # let both workers finish starting
+            yield Server(base, process.pid)
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
 
 
 def wrk_command(
@@ -228,7 +235,7 @@ def single_event(
     targets = {
         "bare": ("bench.bare_app:create_app", "/bare", json_header),
         "flywheel": (
-            "api.app:create_app",
+            FLYWHEEL,
             "/v1/feedback",
             {**json_header, "Authorization": f"Bearer {key}"},
         ),
@@ -288,7 +295,7 @@ def batch_events(
         for b in range(batches)
     ]
     headers = {"Authorization": f"Bearer {key}", "Content-Type": "application/json"}
-    with uvicorn_server("api.app:create_app", env) as server, httpx.Client(timeout=120) as client:
+    with uvicorn_server(FLYWHEEL, env) as server, httpx.Client(timeout=120) as client:
         full = server.base
         client.post(
             f"{full}/v1/feedback/batch", content=payloads[0], headers=headers
@@ -348,7 +355,7 @@ def flood(database_url: str, key: str, args: argparse.Namespace) -> None:
     body = json.dumps(EVENT)
     headers = {"Content-Type": "application/json", "Authorization": f"Bearer {key}"}
     rows: dict[str, list[dict[str, float]]] = {"quiet": [], "flooded": [], "flood": []}
-    with uvicorn_server("api.app:create_app", env) as server:
+    with uvicorn_server(FLYWHEEL, env) as server:
         url = server.base + "/v1/feedback"
         run_wrk(url, headers, body, 2, 2)  # warm up
         for round_index in range(args.rounds):

@@ -59,6 +59,9 @@ def serve(
     host: str = typer.Option("127.0.0.1", help="Address to listen on."),
     port: int = typer.Option(8000, min=1, max=65535, help="Port to listen on."),
     workers: int = typer.Option(1, min=1, help="Server processes."),
+    access_log: bool = typer.Option(
+        True, help="Log every request (uvicorn's access log); off behind a proxy that logs."
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Run the REST API (uvicorn) until interrupted."""
@@ -73,10 +76,12 @@ def serve(
     url = f"http://{host}:{port}"
     data = {"url": url, "workers": workers, "revision": revision}
     emit(data, as_json=as_json, text=f"serving {url} with {workers} worker(s); Ctrl-C stops")
-    _run_uvicorn(current, host, port, workers, as_json=as_json)
+    _run_uvicorn(current, host, port, workers, access_log=access_log, as_json=as_json)
 
 
-def _run_uvicorn(current: Settings, host: str, port: int, workers: int, *, as_json: bool) -> None:
+def _run_uvicorn(
+    current: Settings, host: str, port: int, workers: int, *, access_log: bool, as_json: bool
+) -> None:
     import uvicorn  # imported here: only this command needs the server
     from uvicorn.config import LOGGING_CONFIG
 
@@ -93,6 +98,7 @@ def _run_uvicorn(current: Settings, host: str, port: int, workers: int, *, as_js
         http=BoundedHttpToolsProtocol,  # head caps, deadlines and the connection cap
         ws="none",  # the API has no WebSocket routes: an upgrade would leave those bounds
         timeout_keep_alive=math.ceil(limits.idle_timeout_s),  # uvicorn's own, never sooner
+        access_log=access_log,
         log_config=json_log_config() if as_json else LOGGING_CONFIG,  # JSON lines with --json
     )
 
