@@ -139,21 +139,25 @@ def server_command(target: str, port: int, workers: int) -> list[str]:
 def uvicorn_server(target: str, env: dict[str, str], workers: int = 2) -> Iterator[Server]:
     """`target` (an app factory, or FLYWHEEL) served by uvicorn with `workers` processes."""
     port = free_port()
-    with tempfile.TemporaryDirectory() as home:
+    with tempfile.TemporaryDirectory() as home, open(Path(home) / "server.log", "w+") as log:
         process = subprocess.Popen(
             server_command(target, port, workers),
             env={**env, "FLYWHEEL_HOME": home},
             cwd=ROOT,
-            stdout=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
         )
         base = f"http://127.0.0.1:{port}"
         try:
             deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
+            while True:
                 try:
                     httpx.get(f"{base}/docs", timeout=1)
                     break
                 except httpx.TransportError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        raise RuntimeError(f"{target} did not start:\n{log.read()}") from None
                     time.sleep(0.2)
             time.sleep(1.0)  # let both workers finish starting
             yield Server(base, process.pid)
