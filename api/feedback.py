@@ -284,7 +284,8 @@ def _json(body: BaseModel) -> Response:
 
 
 def _created(recorded: service.Recorded) -> FeedbackCreated:
-    return FeedbackCreated(
+    """Built from the typed record, so not validated again (`model_construct`: ~5 us less)."""
+    return FeedbackCreated.model_construct(
         id=recorded.id,
         kind=recorded.kind or "",
         domain=recorded.domain,
