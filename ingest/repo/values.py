@@ -1,0 +1,203 @@
+"""Whether what a function returns can cross the sandbox: values cross only as literals
+(`repr` -> `ast.literal_eval`), so a function that returns an iterator, a function or an
+object of the repository's classes can never pass its tests there, however right it is.
+
+Decided from the code, before any sandbox runs: each `return` is followed through local
+names, `itertools` and the iterator builtins, and the repository's own functions (a
+generator, or one that itself returns such a value), a few calls deep. What cannot be told
+from the code (a value computed by a call the analysis does not follow) counts as a value;
+verifier QA's reference run then says whether it crossed.
+"""
+
+from __future__ import annotations
+
+import ast
+import builtins
+import functools
+import importlib
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ingest.repo.codebase import Codebase, is_stdlib
+
+MAX_CALL_DEPTH = 3
+ITERATOR_BUILTINS = frozenset({"iter", "map", "filter", "zip", "reversed", "enumerate", "range"})
+ITERATOR_MODULES = frozenset({"itertools"})
+ITERATOR_FUNCTIONS = frozenset(
+    {("re", "finditer"), ("heapq", "merge"), ("os", "scandir"), ("os", "walk"), ("glob", "iglob")}
+)
+LITERAL_BASES = frozenset({"str", "int", "float", "complex", "bytes", "tuple", "list", "dict"})
+LITERAL_TYPES = (str, int, float, complex, bool, bytes, list, tuple, dict, set, type(None))
+# Standard-library modules never imported to look a name up: importing them does something.
+NEVER_IMPORTED = frozenset(
+    {"antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "webbrowser", "pydoc"}
+)
+
+
+@dataclass(frozen=True)
+class Opaque:
+    """A return value that cannot cross: `reason` is the slug the run counts."""
+
+    reason: str  # returns_iterator, returns_function, returns_object
+    what: str  # "filter(...)", "windowed (a generator)"
+
+
+def opaque_return(
+    codebase: Codebase, module: str, function: ast.FunctionDef, depth: int = 0
+) -> Opaque | None:
+    """What of `function`'s return values cannot cross the sandbox, if anything."""
+    scope = _Scope(codebase, module, function, depth)
+    for node in own_nodes(function):
+        if isinstance(node, ast.Return) and node.value is not None:
+            found = scope.describe(node.value)
+            if found is not None:
+                return found
+    return None
+
+
+@functools.cache
+def is_object_class(module: str, path: str) -> bool:
+    """Whether `module.path` is a standard-library class whose objects repr as no literal
+    (`datetime.timedelta`, `decimal.Decimal`, `collections.Counter`)."""
+    if not is_stdlib(module) or module.split(".")[0] in NEVER_IMPORTED:
+        return False
+    try:
+        value: object = importlib.import_module(module)
+        for part in path.split("."):
+            value = getattr(value, part)
+    except (ImportError, AttributeError, OSError):
+        return False
+    return isinstance(value, type) and value not in LITERAL_TYPES
+
+
+def is_generator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+    return any(isinstance(node, ast.Yield | ast.YieldFrom) for node in own_nodes(function))
+
+
+def own_nodes(function: ast.FunctionDef | ast.AsyncFunctionDef) -> list[ast.AST]:
+    """The nodes of a function, not counting nested functions' and classes' bodies."""
+    nodes: list[ast.AST] = []
+    todo: list[ast.AST] = list(function.body)
+    while todo:
+        node = todo.pop()
+        nodes.append(node)
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+    return nodes
+
+
+class _Scope:
+    """One function's names: what each local is bound to when it is bound just once by a
+    plain assignment, which are nested functions, which name modules."""
+
+    def __init__(
+        self, codebase: Codebase, module: str, function: ast.FunctionDef, depth: int
+    ) -> None:
+        self.codebase, self.module, self.depth = codebase, module, depth
+        self.bindings: Counter[str] = Counter(arg.arg for arg in _arguments(function.args))
+        self.values: dict[str, ast.expr] = {}
+        self.functions: set[str] = set()
+        self.modules: dict[str, str] = {}  # local `import itertools as it`
+        for node in own_nodes(function):
+            self._note(node)
+
+    def _note(self, node: ast.AST) -> None:
+        if isinstance(node, ast.Name) and not isinstance(node.ctx, ast.Load):
+            self.bindings[node.id] += 1
+        elif isinstance(node, ast.Assign) and len(node.targets) == 1:
+            if isinstance(node.targets[0], ast.Name):
+                self.values[node.targets[0].id] = node.value
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            self.bindings[node.name] += 1
+            if not isinstance(node, ast.ClassDef):
+                self.functions.add(node.name)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            for alias in node.names:
+                bound = alias.asname or alias.name.split(".")[0]
+                self.bindings[bound] += 1
+                if isinstance(node, ast.Import):
+                    self.modules[bound] = alias.name
+
+    def describe(self, node: ast.expr) -> Opaque | None:
+        if isinstance(node, ast.GeneratorExp):
+            return Opaque("returns_iterator", "a generator")
+        if isinstance(node, ast.Lambda):
+            return Opaque("returns_function", "a function")
+        if isinstance(node, ast.IfExp):
+            return self.describe(node.body) or self.describe(node.orelse)
+        if isinstance(node, ast.Tuple | ast.List):
+            inner = next(filter(None, map(self.describe, node.elts)), None)
+            kind = type(node).__name__.lower()
+            return Opaque(inner.reason, f"a {kind} holding {inner.what}") if inner else None
+        if isinstance(node, ast.Name):
+            return self._name(node.id)
+        if isinstance(node, ast.Call):
+            return self._call(node.func)
+        return None
+
+    def _name(self, name: str) -> Opaque | None:
+        if self.bindings[name] != 1:
+            return None
+        if name in self.functions:
+            return Opaque("returns_function", f"{name} (a function)")
+        value = self.values.get(name)
+        inner = self.describe(value) if value is not None else None
+        return Opaque(inner.reason, f"{name} ({inner.what})") if inner else None
+
+    def _call(self, func: ast.expr) -> Opaque | None:
+        if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
+            name = func.value.id
+            is_local = name in self.bindings and name not in self.modules
+            imported = None if is_local else self.modules.get(name) or self._module_name(name)
+            if imported in ITERATOR_MODULES or (imported, func.attr) in ITERATOR_FUNCTIONS:
+                return Opaque("returns_iterator", f"{ast.unparse(func)}(...)")
+            if imported is not None and is_object_class(imported, func.attr):
+                return Opaque("returns_object", f"a {func.attr} object")
+            return None
+        if not isinstance(func, ast.Name) or func.id in self.bindings:
+            return None
+        return self._global_call(func.id)
+
+    def _module_name(self, name: str) -> str | None:
+        """The module a module-level `import x` / `import x as name` binds to `name`."""
+        for statement in self.codebase.bindings(self.module).get(name, []):
+            if isinstance(statement, ast.Import):
+                for alias in statement.names:
+                    if (alias.asname or alias.name.split(".")[0]) == name:
+                        return alias.name
+        return None
+
+    def _global_call(self, name: str) -> Opaque | None:
+        symbol = self.codebase.resolve(self.module, name)
+        if symbol is None:
+            is_builtin = name in ITERATOR_BUILTINS and hasattr(builtins, name)
+            return Opaque("returns_iterator", f"{name}(...)") if is_builtin else None
+        if symbol.kind == "external":
+            is_iterator = symbol.module in ITERATOR_MODULES
+            is_iterator |= (symbol.module, symbol.name) in ITERATOR_FUNCTIONS
+            if is_iterator:
+                return Opaque("returns_iterator", f"{name}(...)")
+            is_object = is_object_class(symbol.module, symbol.name)
+            return Opaque("returns_object", f"a {name} object") if is_object else None
+        definition = self._definition(symbol.module, symbol.name)
+        if isinstance(definition, ast.ClassDef):
+            bases = {ast.unparse(base) for base in definition.bases}
+            return None if bases & LITERAL_BASES else Opaque("returns_object", f"a {name} object")
+        if not isinstance(definition, ast.FunctionDef):
+            return None
+        if is_generator(definition):
+            return Opaque("returns_iterator", f"{name}(...) (a generator)")
+        if self.depth >= MAX_CALL_DEPTH:
+            return None
+        inner = opaque_return(self.codebase, symbol.module, definition, self.depth + 1)
+        return Opaque(inner.reason, f"{name}(...) ({inner.what})") if inner else None
+
+    def _definition(self, module: str, name: str) -> ast.stmt | None:
+        binders = self.codebase.bindings(module).get(name, [])
+        return binders[-1] if len(binders) == 1 else None
+
+
+def _arguments(arguments: ast.arguments) -> Iterator[ast.arg]:
+    yield from [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
+    yield from filter(None, [arguments.vararg, arguments.kwarg])
