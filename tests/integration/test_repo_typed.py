@@ -103,3 +103,13 @@ def test_an_object_of_a_test_class_is_not_passed_to_the_candidate(
     hidden = tasks["scaled"].hidden_tests or ""
     assert "def test_scaled():" in hidden
     assert "Pair()" not in hidden
+
+
+def test_a_case_whose_value_cannot_cross_is_left_out(
+    ingested: tuple[dict[str, str], dict[str, TaskCandidate]],
+) -> None:
+    _, tasks = ingested
+
+    hidden = tasks["clamp"].hidden_tests or ""
+    assert "for value, expected in [(-3, 0), (4, 4), (12, 10)]:" in hidden
+    assert "Decimal" not in hidden
