@@ -19,6 +19,7 @@ from ingest.repo.files import is_test_file
 from ingest.repo.names import bound_names, closure, used_names
 from ingest.repo.references import SOLUTION, ParsedTestFile, References, read_test_module
 from ingest.repo.rewrite import SETUP_METHODS, Unsupported, plain_test
+from ingest.repo.values import returned
 
 __all__ = ["SOLUTION", "FoundTest", "discover_tests"]
 
@@ -166,6 +167,9 @@ def _check_references(references: References, targets: frozenset[Symbol]) -> Non
             raise Unsupported("uses_class", f"{symbol.module}.{symbol.name} makes objects")
         if symbol.kind != "function":
             raise Unsupported("module_state", f"uses {symbol.module}.{symbol.name}")
+        opaque = returned(references.codebase, symbol.module, symbol.name)
+        if opaque is not None:
+            raise Unsupported("opaque_value", f"calls {opaque.detail(symbol.name)}")
 
 
 def _rendered(

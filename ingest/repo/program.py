@@ -26,7 +26,7 @@ from ingest.repo.names import (
     is_docstring,
     used_names,
 )
-from ingest.repo.values import is_generator, opaque_return
+from ingest.repo.values import returned
 
 MAX_INLINE_DEPTH = 6
 
@@ -84,11 +84,8 @@ def build_program(
     if source is None:
         raise Rejected("unreadable_module", module)
     function = target_function(source, name)
+    check_returns(codebase, module, name)
     _check_body(function)
-    opaque = opaque_return(codebase, module, function)
-    if opaque is not None:
-        detail = f"{name} returns {opaque.what}, which cannot cross the sandbox as a value"
-        raise Rejected(opaque.reason, detail)
     pieces = _Pieces(target=(module, name))
     statements = [s for s in source.tree.body if s is not function]
     for symbol in sorted(extra, key=lambda s: (s.module, s.name)):
@@ -105,6 +102,13 @@ def build_program(
     header = [(segment(source, first), "doc")] if first and is_docstring(first) else []
     context = _render([*header, *pieces.future, *pieces.imports, *pieces.inlined, *pieces.own])
     return Program(context, _stub(source, function), segment(source, function))
+
+
+def check_returns(codebase: Codebase, module: str, name: str) -> None:
+    """Rejected when what `module.name` gives back cannot cross the sandbox as a literal."""
+    opaque = returned(codebase, module, name)
+    if opaque is not None:
+        raise Rejected(opaque.reason, opaque.detail(name))
 
 
 def _render(parts: list[_Part]) -> str:
@@ -124,8 +128,6 @@ def _check_body(function: ast.FunctionDef) -> None:
     body = function.body[1:] if ast.get_docstring(function) is not None else function.body
     if ast.get_docstring(function) is None:
         raise Rejected("no_docstring", f"{function.name} has no docstring to say what it does")
-    if is_generator(function):
-        raise Rejected("generator", f"{function.name} returns a generator, not a value")
     if all(_is_placeholder(statement) for statement in body):
         raise Rejected("trivial_body", f"{function.name} has no implementation")
 

@@ -52,6 +52,7 @@ class ParsedTestFile:
     module: str
     bindings: dict[str, Binding] = field(default_factory=dict)
     star_sources: list[str] = field(default_factory=list)
+    has_other_stars: bool = False  # `from math import *`: names may come from anywhere
     top_level: set[str] = field(default_factory=set)  # every name bound at module level
 
 
@@ -65,14 +66,37 @@ def read_test_module(codebase: Codebase, file: PythonFile) -> ParsedTestFile:
                 imported = alias.name if alias.asname else bound
                 module.bindings[bound] = _binding(codebase, imported, "")
         elif isinstance(statement, ast.ImportFrom):
-            origin = codebase.absolute(module.module, statement)
-            for alias in statement.names:
-                if alias.name == "*":
-                    if _binding(codebase, origin, "").kind == "source":
-                        module.star_sources.append(origin)
-                    continue
-                module.bindings[alias.asname or alias.name] = _binding(codebase, origin, alias.name)
+            _read_import_from(codebase, module, statement)
+        elif isinstance(statement, ast.Assign):
+            _read_pytest_alias(module, statement)
     return module
+
+
+def _read_import_from(codebase: Codebase, module: ParsedTestFile, node: ast.ImportFrom) -> None:
+    origin = codebase.absolute(module.module, node)
+    for alias in node.names:
+        if alias.name != "*":
+            module.bindings[alias.asname or alias.name] = _binding(codebase, origin, alias.name)
+        elif _binding(codebase, origin, "").kind == "source":
+            module.star_sources.append(origin)
+        else:
+            module.has_other_stars = True
+
+
+def _read_pytest_alias(module: ParsedTestFile, node: ast.Assign) -> None:
+    """`parametrize = pytest.mark.parametrize`: the name is that part of pytest."""
+    parts: list[str] = []
+    value: ast.expr = node.value
+    while isinstance(value, ast.Attribute):
+        parts.insert(0, value.attr)
+        value = value.value
+    binding = module.bindings.get(value.id) if isinstance(value, ast.Name) else None
+    targets = [target.id for target in node.targets if isinstance(target, ast.Name)]
+    if binding is None or binding.kind != "pytest" or len(targets) != len(node.targets):
+        return
+    path = ".".join(filter(None, [binding.name, *parts]))
+    for target in targets:
+        module.bindings[target] = Binding("pytest", "pytest", path)
 
 
 def _binding(codebase: Codebase, module: str, name: str) -> Binding:
@@ -211,6 +235,8 @@ class References(ast.NodeVisitor):
             if symbol is not None:
                 self._use(symbol, node)
                 return
+        if not self.module.has_other_stars:  # `reveal_type` in a test only mypy runs
+            self.problems.append(("undefined_name", f"{name} is not defined"))
 
     def source_symbol(self, node: ast.expr) -> Symbol | None:
         """The repository's name an expression (`f`, `mod.f`, `pkg.mod.f`) stands for."""
@@ -264,15 +290,20 @@ class References(ast.NodeVisitor):
         if isinstance(func, ast.Attribute) and func.attr in DICT_VIEWS and not call.args:
             return "a dict view"
         stdlib = self._stdlib_path(func)
-        if stdlib is not None and is_object_class(*stdlib):
-            return f"a {stdlib[1].split('.')[-1]} object"
-        if not isinstance(func, ast.Name):
+        if stdlib is not None:
+            module, path = stdlib
+            owner = path.rpartition(".")[0]  # `date.today()` makes a date too
+            if is_object_class(module, path) or (owner and is_object_class(module, owner)):
+                return f"a {(owner or path).split('.')[-1]} object"
+        if not isinstance(func, ast.Name) or func.id in self._local_names:
             return None
         called = func.id
         if called in self._classes or self._defines(called, ast.ClassDef):
             return f"an instance of {called}"
-        is_maker = called in OBJECT_MAKERS and called not in self._local_names
-        return f"{called}(...)" if is_maker else None
+        if called in OBJECT_MAKERS:
+            return f"{called}(...)"
+        is_object = called in BUILTINS and called not in self.module.top_level
+        return f"a {called} object" if is_object and is_object_class("builtins", called) else None
 
     def _stdlib_path(self, node: ast.expr) -> tuple[str, str] | None:
         """`("datetime", "timedelta")` for `dt.timedelta` after `import datetime as dt`."""

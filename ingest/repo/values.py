@@ -35,12 +35,61 @@ NEVER_IMPORTED = frozenset(
 )
 
 
+MUTATORS = frozenset(
+    {
+        "append", "extend", "insert", "pop", "remove", "clear", "update", "setdefault",
+        "popitem", "sort", "reverse", "add", "discard", "difference_update",
+        "intersection_update", "symmetric_difference_update", "appendleft", "extendleft",
+        "popleft", "rotate",
+    }
+)  # fmt: skip
+
+
 @dataclass(frozen=True)
 class Opaque:
-    """A return value that cannot cross: `reason` is the slug the run counts."""
+    """What a function gives back that cannot cross: `reason` is the slug the run counts."""
 
-    reason: str  # returns_iterator, returns_function, returns_object
-    what: str  # "filter(...)", "windowed (a generator)"
+    reason: str  # generator, returns_iterator, returns_function, returns_object, mutates_argument
+    what: str  # "filter(...)", "windowed (a generator)"; for mutates_argument, the parameter
+
+    def detail(self, name: str) -> str:
+        if self.reason == "mutates_argument":
+            return (
+                f"{name} changes its argument {self.what} in place, which its caller cannot "
+                "see across the sandbox (only values cross)"
+            )
+        return f"{name} returns {self.what}, which cannot cross the sandbox as a value"
+
+
+def returned(codebase: Codebase, module: str, name: str) -> Opaque | None:
+    """What `module.name` returns that cannot cross, if it is a module-level function (and
+    bound once) whose code says so: a generator, an iterator, a function, an object."""
+    binders = codebase.bindings(module).get(name, [])
+    if len(binders) != 1 or not isinstance(binders[0], ast.FunctionDef):
+        return None
+    if is_generator(binders[0]):
+        return Opaque("generator", "a generator")
+    mutated = mutated_parameter(binders[0])
+    if mutated is not None:
+        return Opaque("mutates_argument", mutated)
+    return opaque_return(codebase, module, binders[0])
+
+
+def mutated_parameter(function: ast.FunctionDef) -> str | None:
+    """A parameter the function changes in place (`items.append(x)`, `items[0] = x`,
+    `del options[key]`, `obj.field = x`), unless it rebinds the name first."""
+    nodes = own_nodes(function)
+    rebound = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
+    parameters = {arg.arg for arg in _arguments(function.args)} - rebound
+    for node in nodes:
+        changed: ast.expr | None = None
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            changed = node.func.value if node.func.attr in MUTATORS else None
+        elif isinstance(node, ast.Subscript | ast.Attribute) and not isinstance(node.ctx, ast.Load):
+            changed = node.value
+        if isinstance(changed, ast.Name) and changed.id in parameters:
+            return changed.id
+    return None
 
 
 def opaque_return(
@@ -126,6 +175,10 @@ class _Scope:
             return Opaque("returns_function", "a function")
         if isinstance(node, ast.IfExp):
             return self.describe(node.body) or self.describe(node.orelse)
+        if isinstance(node, ast.ListComp | ast.SetComp):
+            inner = self.describe(node.elt)
+            kind = "list" if isinstance(node, ast.ListComp) else "set"
+            return Opaque(inner.reason, f"a {kind} holding {inner.what}") if inner else None
         if isinstance(node, ast.Tuple | ast.List):
             inner = next(filter(None, map(self.describe, node.elts)), None)
             kind = type(node).__name__.lower()
@@ -147,26 +200,39 @@ class _Scope:
 
     def _call(self, func: ast.expr) -> Opaque | None:
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
-            name = func.value.id
-            is_local = name in self.bindings and name not in self.modules
-            imported = None if is_local else self.modules.get(name) or self._module_name(name)
-            if imported in ITERATOR_MODULES or (imported, func.attr) in ITERATOR_FUNCTIONS:
-                return Opaque("returns_iterator", f"{ast.unparse(func)}(...)")
-            if imported is not None and is_object_class(imported, func.attr):
-                return Opaque("returns_object", f"a {func.attr} object")
-            return None
+            return self._attribute_call(func.value.id, func.attr, ast.unparse(func))
         if not isinstance(func, ast.Name) or func.id in self.bindings:
             return None
         return self._global_call(func.id)
 
-    def _module_name(self, name: str) -> str | None:
-        """The module a module-level `import x` / `import x as name` binds to `name`."""
-        for statement in self.codebase.bindings(self.module).get(name, []):
-            if isinstance(statement, ast.Import):
-                for alias in statement.names:
-                    if (alias.asname or alias.name.split(".")[0]) == name:
-                        return alias.name
+    def _attribute_call(self, name: str, attr: str, shown: str) -> Opaque | None:
+        """`itertools.islice(...)`, `chain.from_iterable(...)`, `dt.timedelta(...)`."""
+        if name in self.modules:
+            module, prefix = self.modules[name], ""
+        elif name in self.bindings:
+            return None  # a local value's method
+        else:
+            found = self._module_name(name)
+            if found is None:
+                return None
+            module, prefix = found
+        path = f"{prefix}.{attr}" if prefix else attr
+        if module in ITERATOR_MODULES or (module, path) in ITERATOR_FUNCTIONS:
+            return Opaque("returns_iterator", f"{shown}(...)")
+        if is_object_class(module, path):
+            return Opaque("returns_object", f"a {attr} object")
         return None
+
+    def _module_name(self, name: str) -> tuple[str, str] | None:
+        """The standard-library module a module-level name stands for or comes from, and
+        the name's path inside it: `("itertools", "")` for `it` after `import itertools as
+        it`, `("itertools", "chain")` after `from itertools import chain`."""
+        symbol = self.codebase.resolve(self.module, name)
+        if symbol is None or symbol.kind != "external":
+            return None
+        binders = self.codebase.bindings(self.module).get(name, [])
+        is_module = bool(binders) and isinstance(binders[-1], ast.Import)
+        return symbol.module, "" if is_module else symbol.name
 
     def _global_call(self, name: str) -> Opaque | None:
         symbol = self.codebase.resolve(self.module, name)
