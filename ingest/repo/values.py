@@ -147,6 +147,8 @@ class _Scope:
         self.bindings: Counter[str] = Counter(arg.arg for arg in _arguments(function.args))
         self.values: dict[str, ast.expr] = {}
         self.functions: set[str] = set()
+        self.classes: set[str] = set()
+        self.added: dict[str, list[ast.expr]] = {}  # `found.append(x)`: what `found` holds
         self.modules: dict[str, str] = {}  # local `import itertools as it`
         for node in own_nodes(function):
             self._note(node)
@@ -159,8 +161,11 @@ class _Scope:
                 self.values[node.targets[0].id] = node.value
         elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
             self.bindings[node.name] += 1
-            if not isinstance(node, ast.ClassDef):
-                self.functions.add(node.name)
+            (self.classes if isinstance(node, ast.ClassDef) else self.functions).add(node.name)
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            container = node.func.value
+            if node.func.attr in ("append", "add") and isinstance(container, ast.Name):
+                self.added.setdefault(container.id, []).extend(node.args[:1])
         elif isinstance(node, ast.Import | ast.ImportFrom):
             for alias in node.names:
                 bound = alias.asname or alias.name.split(".")[0]
@@ -194,13 +199,20 @@ class _Scope:
             return None
         if name in self.functions:
             return Opaque("returns_function", f"{name} (a function)")
+        if name in self.classes:
+            return Opaque("returns_object", f"{name} (a class)")
         value = self.values.get(name)
         inner = self.describe(value) if value is not None else None
+        if inner is None and _is_empty_collection(value):
+            inner = next(filter(None, map(self.describe, self.added.get(name, []))), None)
+            inner = Opaque(inner.reason, f"a collection holding {inner.what}") if inner else None
         return Opaque(inner.reason, f"{name} ({inner.what})") if inner else None
 
     def _call(self, func: ast.expr) -> Opaque | None:
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             return self._attribute_call(func.value.id, func.attr, ast.unparse(func))
+        if isinstance(func, ast.Name) and func.id in self.classes:
+            return Opaque("returns_object", f"a {func.id} object")
         if not isinstance(func, ast.Name) or func.id in self.bindings:
             return None
         return self._global_call(func.id)
@@ -267,3 +279,12 @@ class _Scope:
 def _arguments(arguments: ast.arguments) -> Iterator[ast.arg]:
     yield from [*arguments.posonlyargs, *arguments.args, *arguments.kwonlyargs]
     yield from filter(None, [arguments.vararg, arguments.kwarg])
+
+
+def _is_empty_collection(node: ast.expr | None) -> bool:
+    """`[]`, `set()`, `list()`: a collection filled by `append`/`add` later."""
+    if isinstance(node, ast.List):
+        return not node.elts
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+        return not node.args and node.func.id in ("list", "set")
+    return False

@@ -72,13 +72,18 @@ def test_the_report_says_what_became_of_each_function(
     assert code == 0, err
     report = json.loads(out)["report"]
     assert {key: report[key] for key in ("functions", "tasks", "usable", "unusable")} == {
-        "functions": 7,
+        "functions": 10,
         "tasks": 4,
         "usable": 4,
         "unusable": 0,
     }
     assert report["usable_share"] == 1.0
-    assert report["rejected"] == {"returns_iterator": 3}
+    assert report["rejected"] == {
+        "returns_iterator": 3,
+        "mutates_argument": 1,
+        "method": 1,
+        "returns_object": 1,
+    }
     records = {record["ref"]: record for record in report["records"]}
     evens = records["typedkit/numbers.py::evens"]
     assert (evens["kind"], evens["outcome"]) == ("function", "returns_iterator")
@@ -90,6 +95,6 @@ def test_the_report_says_what_became_of_each_function(
     code, out, _ = run_cli(capsys, "ingest", "repo", str(TYPEDKIT), "--domain", "billing")
 
     assert code == 0
-    assert "functions 7, tasks 4, usable 4 (100% of tasks), unusable 0, pending 0" in out
+    assert "functions 10, tasks 4, usable 4 (100% of tasks), unusable 0, pending 0" in out
     assert "  typedkit/numbers.py::clamp: task, usable\n" in out
     assert "  typedkit/numbers.py::evens: rejected, returns_iterator (evens returns filter" in out

@@ -61,8 +61,13 @@ def test_functions_returning_iterators_are_rejected_with_the_reason(
         "which cannot cross the sandbox as a value",
         "windows": "returns_iterator: windows returns windowed (a generator), which cannot "
         "cross the sandbox as a value",
+        "pad": "mutates_argument: pad changes its argument values in place, which its caller "
+        "cannot see across the sandbox (only values cross)",
         "initials": "task",
         "join_words": "task",
+        "Token.__init__": "method: Token.__init__: only module-level functions become tasks",
+        "tokens": "returns_object: tokens returns found (a collection holding a Token object), "
+        "which cannot cross the sandbox as a value",
     }
 
 
@@ -113,3 +118,14 @@ def test_a_case_whose_value_cannot_cross_is_left_out(
     hidden = tasks["clamp"].hidden_tests or ""
     assert "for value, expected in [(-3, 0), (4, 4), (12, 10)]:" in hidden
     assert "Decimal" not in hidden
+
+
+def test_tests_only_a_type_checker_runs_are_left_out_and_pytest_aliases_understood(
+    ingested: tuple[dict[str, str], dict[str, TaskCandidate]],
+) -> None:
+    _, tasks = ingested
+
+    hidden = tasks["initials"].hidden_tests or ""
+    assert "def test_initials_of():" in hidden
+    assert "for name, expected in [('grace hopper', 'GH'), ('alan', 'A')]:" in hidden
+    assert "reveal_type" not in hidden
