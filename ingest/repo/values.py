@@ -77,10 +77,13 @@ def returned(codebase: Codebase, module: str, name: str) -> Opaque | None:
 
 def mutated_parameter(function: ast.FunctionDef) -> str | None:
     """A parameter the function changes in place (`items.append(x)`, `items[0] = x`,
-    `del options[key]`, `obj.field = x`), unless it rebinds the name first."""
+    `del options[key]`, `obj.field = x`), unless it rebinds the name first; `*args` and
+    `**kwargs` are the function's own."""
     nodes = own_nodes(function)
     rebound = {n.id for n in nodes if isinstance(n, ast.Name) and not isinstance(n.ctx, ast.Load)}
-    parameters = {arg.arg for arg in _arguments(function.args)} - rebound
+    arguments = function.args
+    fresh = {arg.arg for arg in [arguments.vararg, arguments.kwarg] if arg is not None}
+    parameters = {arg.arg for arg in _arguments(arguments)} - rebound - fresh  # not *args
     for node in nodes:
         changed: ast.expr | None = None
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):

@@ -72,9 +72,9 @@ def test_the_report_says_what_became_of_each_function(
     assert code == 0, err
     report = json.loads(out)["report"]
     assert {key: report[key] for key in ("functions", "tasks", "usable", "unusable")} == {
-        "functions": 10,
-        "tasks": 4,
-        "usable": 4,
+        "functions": 11,
+        "tasks": 5,
+        "usable": 5,
         "unusable": 0,
     }
     assert report["usable_share"] == 1.0
@@ -95,6 +95,6 @@ def test_the_report_says_what_became_of_each_function(
     code, out, _ = run_cli(capsys, "ingest", "repo", str(TYPEDKIT), "--domain", "billing")
 
     assert code == 0
-    assert "functions 10, tasks 4, usable 4 (100% of tasks), unusable 0, pending 0" in out
+    assert "functions 11, tasks 5, usable 5 (100% of tasks), unusable 0, pending 0" in out
     assert "  typedkit/numbers.py::clamp: task, usable\n" in out
     assert "  typedkit/numbers.py::evens: rejected, returns_iterator (evens returns filter" in out

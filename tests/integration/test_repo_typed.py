@@ -68,6 +68,7 @@ def test_functions_returning_iterators_are_rejected_with_the_reason(
         "Token.__init__": "method: Token.__init__: only module-level functions become tasks",
         "tokens": "returns_object: tokens returns found (a collection holding a Token object), "
         "which cannot cross the sandbox as a value",
+        "labelled": "task",  # it changes **fields, which is its own
     }
 
 
@@ -97,6 +98,7 @@ def test_every_accepted_task_passes_verifier_qa(
         "scaled": "usable",
         "initials": "usable",
         "join_words": "usable",
+        "labelled": "usable",
     }, results
 
 
@@ -129,3 +131,13 @@ def test_tests_only_a_type_checker_runs_are_left_out_and_pytest_aliases_understo
     assert "def test_initials_of():" in hidden
     assert "for name, expected in [('grace hopper', 'GH'), ('alan', 'A')]:" in hidden
     assert "reveal_type" not in hidden
+
+
+def test_a_unittest_assert_raises_runs_without_pytest_imported(
+    ingested: tuple[dict[str, str], dict[str, TaskCandidate]],
+) -> None:
+    _, tasks = ingested
+
+    hidden = tasks["clamp"].hidden_tests or ""
+    assert "def test_ClampTest_test_refuses_text():\n    with pytest.raises(TypeError):" in hidden
+    assert hidden.startswith("import pytest\n")
