@@ -6,22 +6,37 @@ bwrap sandbox) on every task ingest accepted, and prints per repository: functio
 tasks ingested, tasks passing QA, the accepted->passing ratio, and the rejections by reason
 (ingest's, then QA's). The last line sums them all. Asserts nothing.
 
+With `--store`, each repository instead goes the whole way `flywheel ingest repo` goes — the
+runner, redaction and the signal store on a scratch SQLite database, then verifier QA on
+the stored tasks — and the numbers are the ingest report's (`report` in `--json`).
+
     python -m bench.repo_yield /tmp/sdists/heldout/*.tar.gz [--workers 2] [--show-failures]
+    python -m bench.repo_yield --store /tmp/sdists/heldout/*.tar.gz
 """
 
 from __future__ import annotations
 
 import argparse
 import re
+import tempfile
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
+from flywheel import migrate
+from flywheel.db import make_engine, make_session_factory, unit_of_work
 from flywheel.sandbox.qa import QaResult, TaskSpec, check_task
+from flywheel.settings import Settings
+from flywheel.signals import verification
 from flywheel.signals.candidates import TaskCandidate
+from flywheel.tenancy import service as tenancy
 from ingest.framework import Rejected
 from ingest.repo import RepositoryIngestor
 from ingest.repo.ingestor import Function
+from ingest.repo.report import yield_report
+from ingest.runner import run_ingest
 
 
 @dataclass
@@ -84,12 +99,63 @@ def report(found: Yield) -> str:
     )
 
 
+def through_the_store(source: str, workers: int) -> dict[str, Any]:
+    """`flywheel ingest repo SOURCE` into a scratch SQLite database: the ingest report."""
+    with tempfile.TemporaryDirectory() as scratch:
+        url = f"sqlite:///{Path(scratch) / 'flywheel.db'}"
+        migrate.upgrade(url)
+        engine = make_engine(Settings(database_url=url))
+        sessions = make_session_factory(engine)
+        with unit_of_work(sessions) as session:
+            tenant = tenancy.create_tenant(session=session, name="bench")
+            domain = tenancy.create_domain(session=session, tenant=tenant, name="code")
+            tenant_id, domain_id = tenant.id, domain.id
+        with RepositoryIngestor(source) as repository:
+            run_ingest(sessions, repository, tenant_id=tenant_id, domain_id=domain_id)
+            with sessions() as session:
+                pending = verification.pending_tasks(session=session, domain_id=domain_id)
+                specs = [verification.task_spec(task) for task in pending]
+            results = verification.check_all(specs, workers=workers, on_done=lambda _: None)
+            with unit_of_work(sessions) as session:
+                verification.record_results(session=session, results=results)
+            with sessions() as session:
+                report = yield_report(session, domain_id, repository.outcomes)
+        engine.dispose()
+    report["name"] = Path(source).name
+    return report
+
+
+def stored_line(report: dict[str, Any]) -> str:
+    share = f"{report['usable_share']:6.1%}" if report["usable_share"] is not None else "     -"
+    name, functions, tasks, usable = (
+        report[key] for key in ("name", "functions", "tasks", "usable")
+    )
+    return f"{name:<28} {functions:>9} {tasks:>8} {usable:>8} {share:>8}"
+
+
+def main_store(sources: list[str], workers: int) -> None:
+    print(
+        f"{'repository (stored)':<28} {'functions':>9} {'ingested':>8} {'pass QA':>8} {'ratio':>8}"
+    )
+    counts: Counter[str] = Counter()
+    for source in sources:
+        report = through_the_store(source, workers)
+        print(stored_line(report))
+        counts.update({key: report[key] for key in ("functions", "tasks", "usable")})
+    share = counts["usable"] / counts["tasks"] if counts["tasks"] else None
+    print(stored_line({"name": "all", **counts, "usable_share": share}))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("sources", nargs="+", help="sdists, directories or git URLs")
     parser.add_argument("--workers", type=int, default=2, help="QA runs at once")
     parser.add_argument("--show-failures", action="store_true", help="print each QA failure")
+    parser.add_argument("--store", action="store_true", help="through the store, redacted")
     args = parser.parse_args()
+    if args.store:
+        main_store(args.sources, args.workers)
+        return
     print(f"{'repository':<28} {'functions':>9} {'ingested':>8} {'pass QA':>8} {'ratio':>8}")
     total = Yield("all")
     for source in args.sources:

@@ -13,13 +13,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
-from flywheel.signals.models import VerifiableTask
+from flywheel.signals import verification
 
-MAX_IN_CLAUSE = 500
-MAX_REF_CHARS = 1024
+MAX_REF_CHARS = 1024  # what the source_ref column holds
 
 
 @dataclass(frozen=True)
@@ -55,17 +53,14 @@ def yield_report(session: Session, domain_id: uuid.UUID, outcomes: list[Outcome]
 def _statuses(
     session: Session, domain_id: uuid.UUID, refs: list[str]
 ) -> dict[str, tuple[str, str]]:
-    found: dict[str, tuple[str, str]] = {}
-    stored = {ref[:MAX_REF_CHARS]: ref for ref in refs}  # the column holds 1,024 characters
-    keys = list(stored)
-    task = VerifiableTask
-    for start in range(0, len(keys), MAX_IN_CLAUSE):
-        query = select(task.source_ref, task.verifier_status, task.verifier_reason).where(
-            task.domain_id == domain_id, task.source_ref.in_(keys[start : start + MAX_IN_CLAUSE])
-        )
-        for ref, status, reason in session.execute(query):
-            found[stored[str(ref)]] = (status, reason or "")
-    return found
+    """Each task's QA status and reason, by its source ref (as the column holds it)."""
+    wanted = {ref[:MAX_REF_CHARS]: ref for ref in refs}
+    tasks = verification.pending_tasks(session=session, domain_id=domain_id, include_checked=True)
+    return {
+        wanted[str(task.source_ref)]: (task.verifier_status, task.verifier_reason or "")
+        for task in tasks
+        if task.source_ref in wanted
+    }
 
 
 def _record(outcome: Outcome, statuses: dict[str, tuple[str, str]]) -> dict[str, Any]:
