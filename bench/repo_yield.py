@@ -12,6 +12,15 @@ the stored tasks — and the numbers are the ingest report's (`report` in `--jso
 
     python -m bench.repo_yield /tmp/sdists/heldout/*.tar.gz [--workers 2] [--show-failures]
     python -m bench.repo_yield --store /tmp/sdists/heldout/*.tar.gz
+
+The sets measured for issue 18 (sdists from the package index; inflection 0.5.1 is in
+tests/fixtures/sdists): tuned on humanize 4.17.0, python-slugify 9.2.0, toolz 1.2.0,
+inflection 0.5.1, more-itertools 11.2.1, boltons 26.2.0, pydash 8.1.0, roman 5.2 and
+pytimeparse 1.1.10; held out funcy 2.1, natsort 8.4.0, pyhumps 3.8.0, titlecase 2.4.1 and
+validators 0.36.0:
+
+    pip download --no-deps --no-binary :all: -d /tmp/sdists/heldout \
+        funcy==2.1 natsort==8.4.0 pyhumps==3.8.0 titlecase==2.4.1 validators==0.36.0
 """
 
 from __future__ import annotations
