@@ -24,11 +24,11 @@ from ingest.repo.values import is_object_class
 
 SOLUTION = "solution"  # the module name under which the sandbox's tests see the candidate
 BUILTINS = frozenset(dir(builtins))
-# Builtins whose results repr() as something ast.literal_eval refuses.
+# Builtins whose results the sandbox's value encoding refuses (iterators, views, objects).
 OBJECT_MAKERS = frozenset(
     {
-        "iter", "range", "map", "filter", "zip", "reversed", "enumerate", "object", "frozenset",
-        "bytearray", "memoryview", "slice", "open", "type", "super", "vars", "globals", "locals",
+        "iter", "range", "map", "filter", "zip", "reversed", "enumerate", "object",
+        "memoryview", "slice", "open", "type", "super", "vars", "globals", "locals",
     }
 )  # fmt: skip
 

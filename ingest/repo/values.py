@@ -27,8 +27,13 @@ ITERATOR_MODULES = frozenset({"itertools"})
 ITERATOR_FUNCTIONS = frozenset(
     {("re", "finditer"), ("heapq", "merge"), ("os", "scandir"), ("os", "walk"), ("glob", "iglob")}
 )
-LITERAL_BASES = frozenset({"str", "int", "float", "complex", "bytes", "tuple", "list", "dict"})
-LITERAL_TYPES = (str, int, float, complex, bool, bytes, list, tuple, dict, set, type(None))
+# What the sandbox's value encoding carries (flywheel/sandbox/harness/literals.py): these
+# builtins, and objects of their subclasses (OrderedDict, Counter, namedtuples, IntEnum...),
+# which arrive as the builtin they subclass.
+PLAIN_TYPES = (
+    type(None), bool, int, float, complex, str, bytes, bytearray, list, tuple, set, frozenset,
+    dict,
+)  # fmt: skip
 # Standard-library modules never imported to look a name up: importing them does something.
 NEVER_IMPORTED = frozenset(
     {"antigravity", "this", "turtle", "turtledemo", "tkinter", "idlelib", "webbrowser", "pydoc"}
@@ -110,8 +115,9 @@ def opaque_return(
 
 @functools.cache
 def is_object_class(module: str, path: str) -> bool:
-    """Whether `module.path` is a standard-library class whose objects repr as no literal
-    (`datetime.timedelta`, `decimal.Decimal`, `collections.Counter`)."""
+    """Whether `module.path` is a standard-library (or builtin) class whose objects cannot
+    cross: `datetime.timedelta`, `decimal.Decimal`, `ValueError` (not `collections.Counter`,
+    a dict)."""
     if not is_stdlib(module) or module.split(".")[0] in NEVER_IMPORTED:
         return False
     try:
@@ -120,7 +126,32 @@ def is_object_class(module: str, path: str) -> bool:
             value = getattr(value, part)
     except (ImportError, AttributeError, OSError):
         return False
-    return isinstance(value, type) and value not in LITERAL_TYPES
+    return isinstance(value, type) and not issubclass(value, PLAIN_TYPES)
+
+
+def is_object_class_def(
+    codebase: Codebase, module: str, definition: ast.ClassDef, depth: int = 0
+) -> bool:
+    """Whether the repository's class makes objects that cannot cross: none of its bases is
+    plain, as far as they can be told (a base that cannot be told counts as plain)."""
+    return all(_is_object_base(codebase, module, base, depth) for base in definition.bases)
+
+
+def _is_object_base(codebase: Codebase, module: str, base: ast.expr, depth: int) -> bool:
+    if not isinstance(base, ast.Name):
+        return False  # `namedtuple("P", "x y")`, `typing.NamedTuple`, `Generic[T]`...
+    if base.id == "object":
+        return True
+    symbol = codebase.resolve(module, base.id)
+    if symbol is None:
+        return is_object_class("builtins", base.id)
+    if symbol.kind == "external":
+        return is_object_class(symbol.module, symbol.name)
+    binders = codebase.bindings(symbol.module).get(symbol.name, [])
+    parent = binders[-1] if len(binders) == 1 else None
+    if not isinstance(parent, ast.ClassDef) or depth >= MAX_CALL_DEPTH:
+        return False
+    return is_object_class_def(codebase, symbol.module, parent, depth + 1)
 
 
 def is_generator(function: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
@@ -215,7 +246,7 @@ class _Scope:
         if isinstance(func, ast.Attribute) and isinstance(func.value, ast.Name):
             return self._attribute_call(func.value.id, func.attr, ast.unparse(func))
         if isinstance(func, ast.Name) and func.id in self.classes:
-            return Opaque("returns_object", f"a {func.id} object")
+            return Opaque("returns_object", f"{_a(func.id)} object")
         if not isinstance(func, ast.Name) or func.id in self.bindings:
             return None
         return self._global_call(func.id)
@@ -235,7 +266,7 @@ class _Scope:
         if module in ITERATOR_MODULES or (module, path) in ITERATOR_FUNCTIONS:
             return Opaque("returns_iterator", f"{shown}(...)")
         if is_object_class(module, path):
-            return Opaque("returns_object", f"a {attr} object")
+            return Opaque("returns_object", f"{_a(attr)} object")
         return None
 
     def _module_name(self, name: str) -> tuple[str, str] | None:
@@ -260,11 +291,11 @@ class _Scope:
             if is_iterator:
                 return Opaque("returns_iterator", f"{name}(...)")
             is_object = is_object_class(symbol.module, symbol.name)
-            return Opaque("returns_object", f"a {name} object") if is_object else None
+            return Opaque("returns_object", f"{_a(name)} object") if is_object else None
         definition = self._definition(symbol.module, symbol.name)
         if isinstance(definition, ast.ClassDef):
-            bases = {ast.unparse(base) for base in definition.bases}
-            return None if bases & LITERAL_BASES else Opaque("returns_object", f"a {name} object")
+            is_object = is_object_class_def(self.codebase, symbol.module, definition)
+            return Opaque("returns_object", f"{_a(name)} object") if is_object else None
         if not isinstance(definition, ast.FunctionDef):
             return None
         if is_generator(definition):
@@ -291,3 +322,8 @@ def _is_empty_collection(node: ast.expr | None) -> bool:
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
         return not node.args and node.func.id in ("list", "set")
     return False
+
+
+def _a(name: str) -> str:
+    """`a Box`, `an Error`."""
+    return f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"

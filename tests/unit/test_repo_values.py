@@ -29,6 +29,12 @@ class Box:
 
 class Name(str):
     pass
+
+class Error(ValueError):
+    pass
+
+class Tally(Counter):
+    pass
 """
 
 CASES = [
@@ -41,7 +47,7 @@ CASES = [
     ("def inner():\n    return 1\nreturn inner", "returns_function", "inner (a function)"),
     ("return Box()", "returns_object", "a Box object"),
     ("return dt.timedelta(days=1)", "returns_object", "a timedelta object"),
-    ("return Counter(xs)", "returns_object", "a Counter object"),
+    ("return Error()", "returns_object", "an Error object"),
     ("found = []\nfound.append(Box())\nreturn found", "returns_object",
      "found (a collection holding a Box object)"),
     ("xs.append(1)\nreturn len(xs)", "mutates_argument", "xs"),
@@ -51,7 +57,10 @@ CASES = [
 VALUES = [
     "return list(it.islice(xs, 2))",
     "return sorted(xs)",
-    "return Name('x')",  # a str subclass: its repr is a plain string
+    "return Name('x')",  # a str subclass: it crosses as a str
+    "return Counter(xs)",  # a dict subclass: it crosses as a dict
+    "return Tally(xs)",
+    "return frozenset(xs)",
     "xs = list(xs)\nxs.append(1)\nreturn xs",  # a copy of its own
     "kwargs.setdefault('a', 1)\nreturn kwargs",  # **kwargs is the function's own
     "map = dict\nreturn map(a=1)",  # a local name, not the builtin
