@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -121,9 +121,14 @@ def ingest_repo(
 ) -> None:
     """A code repository: functions its tests exercise become verifiable tasks."""
     from ingest.repo import RepositoryIngestor
+    from ingest.repo.report import yield_report
 
     with RepositoryIngestor(source, history=history) as repository:  # removes its clone
-        _run(repository, tenant, domain, as_json, verify=verify)
+
+        def report(session: Session, domain_id: uuid.UUID) -> dict[str, Any]:
+            return yield_report(session, domain_id, repository.outcomes)
+
+        _run(repository, tenant, domain, as_json, verify=verify, report=report)
 
 
 @ingest.command("feedback")
@@ -177,8 +182,17 @@ def ingest_export_tasks(
     sys.stderr.write(f"{written} tasks written\n")
 
 
+Report = Callable[[Session, uuid.UUID], dict[str, Any]]  # the source's own account of a run
+
+
 def _run(
-    ingestor: Ingestor, tenant: str | None, domain: str, as_json: bool, *, verify: bool = False
+    ingestor: Ingestor,
+    tenant: str | None,
+    domain: str,
+    as_json: bool,
+    *,
+    verify: bool = False,
+    report: Report | None = None,
 ) -> None:
     with _domain(tenant, domain) as (sessions, tenant_id, domain_id):
         with progress_bar(
@@ -190,7 +204,20 @@ def _run(
         data = _run_summary(result)
         if verify:
             data["verifier"] = _verify_pending(sessions, domain_id, quiet=as_json)
-    emit(data, as_json=as_json, text=_lines(data))
+        if report is not None:
+            with sessions() as session:
+                data["report"] = report(session, domain_id)
+    emit(data, as_json=as_json, text=_text(data))
+
+
+def _text(data: dict[str, Any]) -> str:
+    """The counts as lines; a source's own report (a repository's yield) after them."""
+    counts = _lines({key: value for key, value in data.items() if key != "report"})
+    if "report" not in data:
+        return counts
+    from ingest.repo.report import report_lines
+
+    return counts + "\n" + report_lines(data["report"])
 
 
 def _run_summary(result: RunResult) -> dict[str, Any]:

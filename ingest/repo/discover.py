@@ -19,6 +19,7 @@ from ingest.repo.files import is_test_file
 from ingest.repo.names import bound_names, closure, used_names
 from ingest.repo.references import SOLUTION, ParsedTestFile, References, read_test_module
 from ingest.repo.rewrite import SETUP_METHODS, Unsupported, plain_test
+from ingest.repo.values import returned
 
 __all__ = ["SOLUTION", "FoundTest", "discover_tests"]
 
@@ -102,9 +103,25 @@ def _converted(
     if isinstance(node, ast.AsyncFunctionDef):
         raise Unsupported("async_test", f"{node.name} is a coroutine")
     _check_class(references.module.file.tree, class_name)
-    return plain_test(
+    test = plain_test(
         node, name=name, pytest_paths=references.pytest_path, is_method=class_name is not None
     )
+    return _crossing_cases(references, test)
+
+
+def _crossing_cases(references: References, test: ast.FunctionDef) -> ast.FunctionDef:
+    """Leave out the parametrized cases (the loops `plain_test` made) holding a value that
+    cannot cross to the candidate — a timedelta, a dict view, a generator — as skipped ones
+    are; Unsupported when no case is left."""
+    body = test.body
+    while len(body) == 1 and isinstance(body[0], ast.For) and isinstance(body[0].iter, ast.List):
+        cases = body[0].iter
+        found = [references.non_literal(case) for case in cases.elts]
+        if cases.elts and all(found):
+            raise Unsupported("non_literal_argument", f"every case of {test.name} holds {found[0]}")
+        cases.elts = [case for case, what in zip(cases.elts, found, strict=True) if what is None]
+        body = body[0].body
+    return test
 
 
 def _scan(references: References, module: ParsedTestFile, node: ast.AST) -> list[ast.stmt]:
@@ -150,6 +167,9 @@ def _check_references(references: References, targets: frozenset[Symbol]) -> Non
             raise Unsupported("uses_class", f"{symbol.module}.{symbol.name} makes objects")
         if symbol.kind != "function":
             raise Unsupported("module_state", f"uses {symbol.module}.{symbol.name}")
+        opaque = returned(references.codebase, symbol.module, symbol.name)
+        if opaque is not None:
+            raise Unsupported("opaque_value", f"calls {opaque.detail(symbol.name)}")
 
 
 def _rendered(

@@ -30,6 +30,7 @@ from ingest.repo.files import (
     is_source,
 )
 from ingest.repo.history import Commit, commit_tasks, recent_commits
+from ingest.repo.report import Outcome
 from ingest.repo.source import Checkout, head_commit, open_source, public_url
 from ingest.repo.tasks import Origin, RepoTests, function_task
 
@@ -79,6 +80,7 @@ class RepositoryIngestor:
         self._index: RepoTests | None = None
         self._fingerprint: str | None = None
         self._commits: list[Commit] | None = None
+        self.outcomes: list[Outcome] = []  # what `convert` made of each record, in order
 
     @property
     def source_ref(self) -> str:
@@ -131,6 +133,18 @@ class RepositoryIngestor:
                 yield from (Function(path, module, name) for name in _functions(read))
 
     def convert(self, record: SourceRecord) -> list[Candidate]:
+        """The record's tasks, or Rejected; either way its outcome joins `outcomes`."""
+        kind = _kind(record.payload)
+        try:
+            produced = self._convert(record)
+        except Rejected as rejected:
+            self.outcomes.append(Outcome(record.ref, kind, rejected.reason, rejected.detail))
+            raise
+        refs = tuple(str(candidate.provenance.source_ref) for candidate in produced)
+        self.outcomes.append(Outcome(record.ref, kind, "task", task_refs=refs))
+        return produced
+
+    def _convert(self, record: SourceRecord) -> list[Candidate]:
         payload = record.payload
         try:
             if isinstance(payload, SkippedFile):
@@ -196,3 +210,9 @@ def _ref(payload: SkippedFile | Function | Commit) -> str:
     if isinstance(payload, Function):
         return f"{payload.path}::{payload.qualname}"
     return f"commit {payload.sha[:7]}"
+
+
+def _kind(payload: object) -> str:
+    if isinstance(payload, Function):
+        return "function"
+    return "file" if isinstance(payload, SkippedFile) else "commit"

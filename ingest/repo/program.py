@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import TypeGuard
 
 from ingest.framework import Rejected
 from ingest.repo.codebase import Codebase, Symbol, is_stdlib
@@ -25,6 +26,7 @@ from ingest.repo.names import (
     is_docstring,
     used_names,
 )
+from ingest.repo.values import returned
 
 MAX_INLINE_DEPTH = 6
 
@@ -82,6 +84,7 @@ def build_program(
     if source is None:
         raise Rejected("unreadable_module", module)
     function = target_function(source, name)
+    check_returns(codebase, module, name)
     _check_body(function)
     pieces = _Pieces(target=(module, name))
     statements = [s for s in source.tree.body if s is not function]
@@ -90,7 +93,7 @@ def build_program(
             _inline(codebase, symbol.module, symbol.name, pieces, depth=1)
     own_extra = {symbol.name for symbol in extra if symbol.module == module}
     needed = (used_names(function) | own_extra) - {name}
-    chosen = [statements[index] for index in closure(statements, needed)]
+    chosen = with_future(statements, closure(statements, needed))
     for statement in chosen:
         if name in import_time_names(statement):
             raise Rejected("used_at_import", f"{module} uses {name} while it is imported")
@@ -99,6 +102,13 @@ def build_program(
     header = [(segment(source, first), "doc")] if first and is_docstring(first) else []
     context = _render([*header, *pieces.future, *pieces.imports, *pieces.inlined, *pieces.own])
     return Program(context, _stub(source, function), segment(source, function))
+
+
+def check_returns(codebase: Codebase, module: str, name: str) -> None:
+    """Rejected when what `module.name` gives back cannot cross the sandbox as a literal."""
+    opaque = returned(codebase, module, name)
+    if opaque is not None:
+        raise Rejected(opaque.reason, opaque.detail(name))
 
 
 def _render(parts: list[_Part]) -> str:
@@ -118,22 +128,8 @@ def _check_body(function: ast.FunctionDef) -> None:
     body = function.body[1:] if ast.get_docstring(function) is not None else function.body
     if ast.get_docstring(function) is None:
         raise Rejected("no_docstring", f"{function.name} has no docstring to say what it does")
-    if any(isinstance(node, ast.Yield | ast.YieldFrom) for node in _own_nodes(function)):
-        raise Rejected("generator", f"{function.name} returns a generator, not a value")
     if all(_is_placeholder(statement) for statement in body):
         raise Rejected("trivial_body", f"{function.name} has no implementation")
-
-
-def _own_nodes(function: ast.FunctionDef) -> list[ast.AST]:
-    """The nodes of a function, not counting nested functions' and classes' bodies."""
-    nodes: list[ast.AST] = []
-    todo: list[ast.AST] = list(function.body)
-    while todo:
-        node = todo.pop()
-        nodes.append(node)
-        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef | ast.Lambda):
-            todo.extend(ast.iter_child_nodes(node))
-    return nodes
 
 
 def _is_placeholder(statement: ast.stmt) -> bool:
@@ -163,12 +159,76 @@ def _emit(
         if isinstance(statement, ast.ImportFrom) and _is_in_repo(codebase, module, statement):
             _inline_from(codebase, module, statement, pieces, depth)
             continue
+        if is_type_checking_block(statement):
+            _emit_type_only(codebase, module, source, statement, pieces, bucket)
+            continue
         for node in _imports_outside_guards(statement):
             _check_import(codebase, module, node)
         text = segment(source, statement)
         if _add(pieces, module, _meanings(codebase, module, statement, text)):
             target = _bucket(pieces, statement, bucket)
             target.append((text, _layout(statement)))
+
+
+def with_future(statements: list[ast.stmt], indices: Iterable[int]) -> list[ast.stmt]:
+    """The chosen statements, and the module's `from __future__` imports: they change how
+    its code compiles (`annotations` leaves annotations unevaluated), no name it reads."""
+    chosen = set(indices)
+    return [s for index, s in enumerate(statements) if index in chosen or _is_future(s)]
+
+
+def _is_future(statement: ast.stmt) -> bool:
+    return isinstance(statement, ast.ImportFrom) and statement.module == "__future__"
+
+
+def is_type_checking_block(statement: ast.stmt) -> TypeGuard[ast.If]:
+    """`if TYPE_CHECKING:` (or `typing.TYPE_CHECKING`): code only a type checker runs."""
+    if not isinstance(statement, ast.If):
+        return False
+    test = statement.test
+    name = test.id if isinstance(test, ast.Name) else getattr(test, "attr", None)
+    return name == "TYPE_CHECKING"
+
+
+def _emit_type_only(
+    codebase: Codebase,
+    module: str,
+    source: PythonFile,
+    block: ast.If,
+    pieces: _Pieces,
+    bucket: list[_Part],
+) -> None:
+    """An `if TYPE_CHECKING:` block never runs, so its imports need not resolve: those of the
+    standard library stay for the reader, the others go (annotations that name them stay
+    unevaluated under the module's future import, as they were in the repository). Its
+    `else:` runs, and is checked like any other code."""
+    for node in [
+        child for statement in block.orelse for child in _imports_outside_guards(statement)
+    ]:
+        _check_import(codebase, module, node)
+    kept = [s for s in block.body if not _is_foreign_import(codebase, module, s)]
+    if not kept and not block.orelse:
+        return
+    if len(kept) == len(block.body):
+        text = segment(source, block)
+    else:
+        text = ast.unparse(ast.If(block.test, kept or [ast.Pass()], block.orelse))
+    meanings: dict[str, str] = {}
+    for statement in [*kept, *block.orelse]:
+        meanings |= _meanings(codebase, module, statement, ast.unparse(statement))
+    if _add(pieces, module, meanings):
+        bucket.append((text, "other"))
+
+
+def _is_foreign_import(codebase: Codebase, module: str, statement: ast.stmt) -> bool:
+    """An import of the repository or a third party: what the sandbox cannot import."""
+    if not isinstance(statement, ast.Import | ast.ImportFrom):
+        return False
+    try:
+        _check_import(codebase, module, statement)
+    except Rejected:
+        return True
+    return False
 
 
 def _is_in_repo(codebase: Codebase, module: str, node: ast.ImportFrom) -> bool:
@@ -234,7 +294,7 @@ def _inline(codebase: Codebase, module: str, name: str, pieces: _Pieces, depth: 
     if source is None:
         raise Rejected("in_repo_import", f"{module} cannot be read")
     statements = source.tree.body
-    chosen = [statements[index] for index in closure(statements, {name})]
+    chosen = with_future(statements, closure(statements, {name}))
     _emit(codebase, module, source, chosen, pieces, pieces.inlined, depth)
 
 
@@ -259,7 +319,21 @@ def _meanings(codebase: Codebase, module: str, statement: ast.stmt, text: str) -
     if isinstance(statement, ast.ImportFrom):
         origin = codebase.absolute(module, statement)
         return {alias.asname or alias.name: f"{origin}.{alias.name}" for alias in statement.names}
+    if _is_literal_assignment(statement):
+        return dict.fromkeys(bound_names(statement), text)  # `TYPE_CHECKING = False` anywhere
     return dict.fromkeys(bound_names(statement), f"{module}:{text}")
+
+
+def _is_literal_assignment(statement: ast.stmt) -> bool:
+    if not isinstance(statement, ast.Assign) or not all(
+        isinstance(target, ast.Name) for target in statement.targets
+    ):
+        return False
+    try:
+        ast.literal_eval(statement.value)
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+        return False
+    return True
 
 
 def _bind(pieces: _Pieces, module: str, name: str, meaning: str) -> None:

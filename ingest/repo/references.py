@@ -14,21 +14,25 @@ from __future__ import annotations
 import ast
 import builtins
 from dataclasses import dataclass, field
+from types import UnionType
 from typing import Literal
 
 from ingest.repo.codebase import Codebase, Symbol, is_stdlib
 from ingest.repo.files import PythonFile, is_source
 from ingest.repo.names import bound_names
+from ingest.repo.values import is_object_class
 
 SOLUTION = "solution"  # the module name under which the sandbox's tests see the candidate
 BUILTINS = frozenset(dir(builtins))
-# Builtins whose results repr() as something ast.literal_eval refuses.
+# Builtins whose results the sandbox's value encoding refuses (iterators, views, objects).
 OBJECT_MAKERS = frozenset(
     {
-        "iter", "range", "map", "filter", "zip", "reversed", "enumerate", "object", "frozenset",
-        "bytearray", "memoryview", "slice", "open", "type", "super", "vars", "globals", "locals",
+        "iter", "range", "map", "filter", "zip", "reversed", "enumerate", "object",
+        "memoryview", "slice", "open", "type", "super", "vars", "globals", "locals",
     }
 )  # fmt: skip
+
+DICT_VIEWS = frozenset({"keys", "values", "items"})
 
 BindingKind = Literal["source", "pytest", "stdlib", "test_helper", "third_party"]
 
@@ -48,6 +52,7 @@ class ParsedTestFile:
     module: str
     bindings: dict[str, Binding] = field(default_factory=dict)
     star_sources: list[str] = field(default_factory=list)
+    has_other_stars: bool = False  # `from math import *`: names may come from anywhere
     top_level: set[str] = field(default_factory=set)  # every name bound at module level
 
 
@@ -61,14 +66,37 @@ def read_test_module(codebase: Codebase, file: PythonFile) -> ParsedTestFile:
                 imported = alias.name if alias.asname else bound
                 module.bindings[bound] = _binding(codebase, imported, "")
         elif isinstance(statement, ast.ImportFrom):
-            origin = codebase.absolute(module.module, statement)
-            for alias in statement.names:
-                if alias.name == "*":
-                    if _binding(codebase, origin, "").kind == "source":
-                        module.star_sources.append(origin)
-                    continue
-                module.bindings[alias.asname or alias.name] = _binding(codebase, origin, alias.name)
+            _read_import_from(codebase, module, statement)
+        elif isinstance(statement, ast.Assign):
+            _read_pytest_alias(module, statement)
     return module
+
+
+def _read_import_from(codebase: Codebase, module: ParsedTestFile, node: ast.ImportFrom) -> None:
+    origin = codebase.absolute(module.module, node)
+    for alias in node.names:
+        if alias.name != "*":
+            module.bindings[alias.asname or alias.name] = _binding(codebase, origin, alias.name)
+        elif _binding(codebase, origin, "").kind == "source":
+            module.star_sources.append(origin)
+        else:
+            module.has_other_stars = True
+
+
+def _read_pytest_alias(module: ParsedTestFile, node: ast.Assign) -> None:
+    """`parametrize = pytest.mark.parametrize`: the name is that part of pytest."""
+    parts: list[str] = []
+    value: ast.expr = node.value
+    while isinstance(value, ast.Attribute):
+        parts.insert(0, value.attr)
+        value = value.value
+    binding = module.bindings.get(value.id) if isinstance(value, ast.Name) else None
+    targets = [target.id for target in node.targets if isinstance(target, ast.Name)]
+    if binding is None or binding.kind != "pytest" or len(targets) != len(node.targets):
+        return
+    path = ".".join(filter(None, [binding.name, *parts]))
+    for target in targets:
+        module.bindings[target] = Binding("pytest", "pytest", path)
 
 
 def _binding(codebase: Codebase, module: str, name: str) -> Binding:
@@ -100,6 +128,7 @@ class References(ast.NodeVisitor):
         self._changed: set[int] = set()  # ids of nodes the test changes in place
         self._called: set[int] = set()  # ids of nodes the test calls
         self._objects: set[str] = set()  # local names bound to functions, iterators...
+        self._classes: set[str] = set()  # classes the test defines in itself
         self._scanning: ast.AST | None = None
 
     def scan(self, part: ast.AST, free_names: set[str]) -> None:
@@ -124,9 +153,11 @@ class References(ast.NodeVisitor):
         `def`, `it = iter(items)`."""
         if isinstance(node, ast.FunctionDef | ast.ClassDef) and node is not self._scanning:
             self._objects.add(node.name)
+            if isinstance(node, ast.ClassDef):
+                self._classes.add(node.name)
         elif isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
-            if isinstance(target, ast.Name) and self._non_literal(node.value) is not None:
+            if isinstance(target, ast.Name) and self.non_literal(node.value) is not None:
                 self._objects.add(target.id)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
@@ -145,7 +176,7 @@ class References(ast.NodeVisitor):
             self.problems.append(("pytest_feature", "pytest.raises with more than the type"))
         if self._calls_source(node.func):
             for argument in [*node.args, *(keyword.value for keyword in node.keywords)]:
-                what = self._non_literal(argument)
+                what = self.non_literal(argument)
                 if what is not None:
                     shown = ast.unparse(node.func)
                     self.problems.append(("non_literal_argument", f"passes {what} to {shown}"))
@@ -196,6 +227,8 @@ class References(ast.NodeVisitor):
             self.problems.append(("pytest_feature", f"pytest.{path}"))
 
     def _unbound(self, node: ast.Name) -> None:
+        """A name the test module does not bind: from a star import, or undefined (`pytest`
+        is bound: the rewrite of `self.assertRaises` names it, and the runner offers it)."""
         name = node.id
         if name in self.module.top_level or name in BUILTINS or name not in self.free_names:
             return
@@ -204,6 +237,8 @@ class References(ast.NodeVisitor):
             if symbol is not None:
                 self._use(symbol, node)
                 return
+        if not self.module.has_other_stars and name != "pytest":  # `reveal_type`, for mypy
+            self.problems.append(("undefined_name", f"{name} is not defined"))
 
     def source_symbol(self, node: ast.expr) -> Symbol | None:
         """The repository's name an expression (`f`, `mod.f`, `pkg.mod.f`) stands for."""
@@ -226,20 +261,19 @@ class References(ast.NodeVisitor):
         symbol = self.source_symbol(func)
         return symbol is not None and symbol.kind == "function"
 
-    def _non_literal(self, node: ast.expr) -> str | None:
+    def non_literal(self, node: ast.expr) -> str | None:
         """What about an argument cannot cross to the candidate as a literal, if anything."""
         if isinstance(node, ast.Lambda | ast.GeneratorExp):
             return "a lambda" if isinstance(node, ast.Lambda) else "a generator"
         if isinstance(node, ast.List | ast.Tuple | ast.Set):
-            return next(filter(None, map(self._non_literal, node.elts)), None)
+            return next(filter(None, map(self.non_literal, node.elts)), None)
         if isinstance(node, ast.Dict):
             parts = [part for part in [*node.keys, *node.values] if part is not None]
-            return next(filter(None, map(self._non_literal, parts)), None)
+            return next(filter(None, map(self.non_literal, parts)), None)
         if isinstance(node, ast.Starred):
-            return self._non_literal(node.value)
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
-            is_maker = node.func.id in OBJECT_MAKERS and node.func.id not in self._local_names
-            return f"{node.func.id}(...)" if is_maker else None
+            return self.non_literal(node.value)
+        if isinstance(node, ast.Call):
+            return self._made(node)
         symbol = self.source_symbol(node)
         if symbol is not None and symbol.kind in ("function", "class"):
             return f"the {symbol.kind} {symbol.name}"
@@ -248,11 +282,49 @@ class References(ast.NodeVisitor):
             return f"the object {name}"
         if name is None or name in self._local_names:
             return None
-        return f"the callable {name}" if name in BUILTINS or self._defines_callable(name) else None
+        is_callable = name in BUILTINS or self._defines(name, ast.FunctionDef | ast.ClassDef)
+        return f"the callable {name}" if is_callable else None
 
-    def _defines_callable(self, name: str) -> bool:
+    def _made(self, call: ast.Call) -> str | None:
+        """What a call makes, when that cannot cross: `iter(...)`, a dict view, an object of
+        a standard-library class or of a class the test defines."""
+        func = call.func
+        if isinstance(func, ast.Attribute) and func.attr in DICT_VIEWS and not call.args:
+            return "a dict view"
+        stdlib = self._stdlib_path(func)
+        if stdlib is not None:
+            module, path = stdlib
+            owner = path.rpartition(".")[0]  # `date.today()` makes a date too
+            if is_object_class(module, path) or (owner and is_object_class(module, owner)):
+                return f"a {(owner or path).split('.')[-1]} object"
+        if not isinstance(func, ast.Name) or func.id in self._local_names:
+            return None
+        called = func.id
+        if called in self._classes or self._defines(called, ast.ClassDef):
+            return f"an instance of {called}"
+        if called in OBJECT_MAKERS:
+            return f"{called}(...)"
+        is_object = called in BUILTINS and called not in self.module.top_level
+        return f"a {called} object" if is_object and is_object_class("builtins", called) else None
+
+    def _stdlib_path(self, node: ast.expr) -> tuple[str, str] | None:
+        """`("datetime", "timedelta")` for `dt.timedelta` after `import datetime as dt`."""
+        attrs: list[str] = []
+        while isinstance(node, ast.Attribute):
+            attrs.insert(0, node.attr)
+            node = node.value
+        if not isinstance(node, ast.Name) or node.id in self._local_names:
+            return None
+        binding = self.module.bindings.get(node.id)
+        if binding is None or binding.kind != "stdlib":
+            return None
+        path = [binding.name, *attrs] if binding.name else attrs
+        return (binding.module, ".".join(path)) if path else None
+
+    def _defines(self, name: str, kind: type[ast.stmt] | UnionType) -> bool:
+        """Whether the test module defines `name` at top level as a `kind` (a class...)."""
         return any(
-            isinstance(statement, ast.FunctionDef | ast.ClassDef) and statement.name == name
+            isinstance(statement, kind) and getattr(statement, "name", None) == name
             for statement in self.module.file.tree.body
         )
 

@@ -16,7 +16,7 @@ from flywheel.signals.candidates import Provenance, TaskCandidate
 from ingest.framework import Rejected
 from ingest.repo.codebase import Codebase, Symbol
 from ingest.repo.discover import SOLUTION, FoundTest, discover_tests
-from ingest.repo.program import Program, build_program
+from ingest.repo.program import Program, build_program, check_returns
 
 
 @dataclass(frozen=True)
@@ -56,6 +56,7 @@ def function_task(
     codebase: Codebase, index: RepoTests, module: str, name: str, origin: Origin
 ) -> TaskCandidate:
     """The task for module-level function `module.name`, or Rejected saying why there is none."""
+    check_returns(codebase, module, name)  # before its tests, which cannot run for that either
     tests = runnable(index.for_function(module, name), name)
     program = program_for(codebase, module, name, tests)
     return task(origin, codebase.path_of_module[module], name, program.prompt, program, tests)

@@ -57,3 +57,44 @@ def test_not_a_repository_is_one_line(
         assert code == 1, source
         assert err.startswith("error: ")
         assert len(err.strip().splitlines()) == 1
+
+
+TYPEDKIT = Path(__file__).parent.parent / "fixtures" / "repos" / "typedkit"
+
+
+def test_the_report_says_what_became_of_each_function(
+    on_test_database: sessionmaker[Session], acme: Caller, capsys: pytest.CaptureFixture[str]
+) -> None:
+    code, out, err = run_cli(
+        capsys, "ingest", "repo", str(TYPEDKIT), "--domain", "billing", "--json"
+    )
+
+    assert code == 0, err
+    report = json.loads(out)["report"]
+    assert {key: report[key] for key in ("functions", "tasks", "usable", "unusable")} == {
+        "functions": 11,
+        "tasks": 5,
+        "usable": 5,
+        "unusable": 0,
+    }
+    assert report["usable_share"] == 1.0
+    assert report["rejected"] == {
+        "returns_iterator": 3,
+        "mutates_argument": 1,
+        "method": 1,
+        "returns_object": 1,
+    }
+    records = {record["ref"]: record for record in report["records"]}
+    evens = records["typedkit/numbers.py::evens"]
+    assert (evens["kind"], evens["outcome"]) == ("function", "returns_iterator")
+    assert evens["detail"] == "evens returns filter(...), which cannot cross the sandbox as a value"
+    (clamp,) = records["typedkit/numbers.py::clamp"]["tasks"]
+    assert clamp["verifier"] == "usable"
+    assert clamp["ref"].endswith(":typedkit/numbers.py::clamp")
+
+    code, out, _ = run_cli(capsys, "ingest", "repo", str(TYPEDKIT), "--domain", "billing")
+
+    assert code == 0
+    assert "functions 11, tasks 5, usable 5 (100% of tasks), unusable 0, pending 0" in out
+    assert "  typedkit/numbers.py::clamp: task, usable\n" in out
+    assert "  typedkit/numbers.py::evens: rejected, returns_iterator (evens returns filter" in out
