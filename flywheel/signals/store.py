@@ -198,15 +198,17 @@ def store_one(
 
 
 class _Redactor:
-    """Redacts one candidate's texts with its source's known names, summing the counts."""
+    """Redacts one candidate's texts with its source's known names, summing the counts; its
+    group (a ticket thread) is the scope within which a person keeps one surrogate."""
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], scope: str) -> None:
         self.names = names
+        self.scope = scope
         self.report: Counter[str] = Counter()
 
     def text(self, value: str) -> str:
         # NUL cannot be stored in PostgreSQL text and means nothing in a training example.
-        redaction = redact(value.replace("\x00", ""), names=self.names)
+        redaction = redact(value.replace("\x00", ""), names=self.names, scope=self.scope)
         self.report.update(redaction.counts)
         return redaction.text
 
@@ -221,7 +223,7 @@ def _signal_row(
     candidate: Candidate, tenant_id: uuid.UUID, domain_id: uuid.UUID, ingestor_version: str
 ) -> tuple[str, dict[str, Any]]:
     """The candidate's table and row: redacted, hashed, with its provenance."""
-    redactor = _Redactor(candidate.provenance.names)
+    redactor = _Redactor(candidate.provenance.names, candidate.provenance.group_key)
     table, fields = _redacted_fields(candidate, redactor)
     provenance = candidate.provenance
     row = {
@@ -324,7 +326,7 @@ def _store_interactions(
     now = utcnow()
     interaction_rows, event_rows = [], []
     for item in interactions:
-        redactor = _Redactor(item.provenance.names)
+        redactor = _Redactor(item.provenance.names, item.provenance.group_key)
         interaction_id = uuid.uuid5(INGESTED_NAMESPACE, f"{domain_id}:{item.provenance.source_ref}")
         interaction_rows.append(
             {
