@@ -122,8 +122,8 @@ def find_spans(text: str, *, names: Sequence[str] = ()) -> list[Span]:
     found = find_secrets(text, lowered)
     found += find_pii(text, lowered)
     found += find_ids(text, lowered)
-    found += find_addresses(text)
-    found += find_people(text)
+    found += find_addresses(text, lowered)
+    found += find_people(text, lowered)
     if names:
         found += find_names(text, lowered, tuple(names))
     return resolve(found)

@@ -29,45 +29,81 @@ _UNIT = (
 _US_STATE_ZIP = r"[A-Z]{2}[ \t]+\d{5}(?:-\d{4})?"
 _UK_POSTCODE = r"[A-Z]{1,2}\d[A-Z\d]?[ \t]?\d[A-Z]{2}"
 _CA_POSTCODE = r"[A-Z]\d[A-Z][ \t]?\d[A-Z]\d"
-_TOWN = rf"(?:,[ \t]*{_CAP}(?:[ \t]+{_CAP}){{0,2}})"
+_TOWN_WORD = r"[A-ZÀ-ÖØ-Þ][^\W\d_]*(?:['’.\-][^\W\d_]+)*(?!\d)"
+_TOWN = rf"(?:,[ \t]*{_TOWN_WORD}(?:[ \t]+{_TOWN_WORD}){{0,2}})"
 _REGION = rf"(?:,?[ \t]*(?:{_US_STATE_ZIP}|{_UK_POSTCODE}|{_CA_POSTCODE}|[A-Z]{{2}}(?![\w])))"
 
+# No pattern starts with a look-behind (that makes the regex engine try every position);
+# what may stand before a match is checked in Python instead.
 _ENGLISH = re.compile(
-    r"(?<![\w.\-])\d{1,6}[A-Za-z]?(?:[\-/]\d{1,4})?[ \t]+"
+    r"\d{1,6}[A-Za-z]?(?:[\-/]\d{1,4})?[ \t]+"
     r"(?:(?:[NSEW]|N[EW]|S[EW]|North|South|East|West)\.?[ \t]+)?"
     rf"(?:{_CAP}|\d{{1,3}}(?:st|nd|rd|th))(?:[ \t]+{_CAP}){{0,3}}?[ \t]+(?:{_SUFFIXES})\.?"
     rf"(?![\w]){_UNIT}?(?:{_TOWN}{_REGION}?)?"
 )
-_PO_BOX = re.compile(r"(?<![\w])(?i:p\.?[ \t]?o\.?[ \t]box)[ \t]+\d{1,6}(?![\w])")
+# A number, then a capitalised word or an ordinal: what every English address starts with.
+# (Digits are spelled 0-9: a bitmap test, where `\d` looks each character up in Unicode's
+# tables, several times slower on text full of version numbers and dates.)
+_ENGLISH_HINT = re.compile(r"[0-9][A-Za-z]?(?:[\-/][0-9]{1,4})?[ \t]+(?:[NSEW]\.?[ \t]+)?[A-Z0-9]")
+_PO_BOX = re.compile(r"p\.?[ \t]?o\.?[ \t]box[ \t]+\d{1,6}(?![\w])")  # in lower case
 _GERMAN = re.compile(
-    r"(?<![\w])(?:(?:Am|An der|Im|In der|Auf der|Zum|Zur)[ \t]+)?"
+    r"(?:(?:Am|An der|Im|In der|Auf der|Zum|Zur)[ \t]+)?"
     r"[A-ZÄÖÜ][\wäöüß\-]*(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer)"
     r"[ \t]+\d{1,4}[a-z]?(?:,[ \t]*\d{5}[ \t]+[A-ZÄÖÜ][\wäöüß\-]+)?"
 )
-_ROMANCE = re.compile(
-    r"(?<![\w])(?:\d{1,4}(?:[ \t]?(?:bis|ter))?,?[ \t]+)?"
-    r"(?:rue|avenue|boulevard|bd|place|allée|impasse|chemin|quai|Rue|Avenue|Boulevard|Place"
-    r"|Calle|C/|Avenida|Av\.|Plaza|Paseo|Carrer|Rua|Via|Viale|Piazza|Corso|Largo)"
-    r"[ \t]+(?:(?:de|du|des|la|le|l'|del|della|di|da|do|dos|das)[ \t]*)*"
-    rf"{_CAP}(?:[ \t]+{_CAP}){{0,2}}(?:,?[ \t]+\d{{1,4}}[a-z]?)?"
+_GERMAN_TYPES = (
+    "straße",
+    "strasse",
+    "str.",
+    "weg",
+    "gasse",
+    "platz",
+    "allee",
+    "ring",
+    "damm",
+    "ufer",
 )
-_ROMANCE_NUMBER = re.compile(r"\d")
-_HINT = re.compile(
-    rf"(?<![\w])(?:{_SUFFIXES})(?![\w])|straße|strasse|str\.|weg\b|gasse|platz|allee"
-    r"|(?i:p\.?[ \t]?o\.?[ \t]box)|rue |Rue |Calle |Avenida |Rua |Via |Piazza |Carrer "
+_GERMAN_HINT = re.compile(
+    r"(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer)[ \t]+[0-9]"
+)
+_FRENCH = re.compile(
+    r"\d{1,4}(?:[ \t]?(?:bis|ter))?,?[ \t]+"
+    r"(?:rue|avenue|boulevard|bd|place|allée|impasse|chemin|quai|Rue|Avenue|Boulevard|Place)"
+    r"[ \t]+(?:(?:de|du|des|la|le|l'|d')[ \t]*)*"
+    rf"{_CAP}(?:[ \t]+{_CAP}){{0,2}}"
+)
+_FRENCH_HINT = re.compile(
+    r"[0-9](?:[ \t]?(?:bis|ter))?,?[ \t]+"
+    r"(?:rue|avenue|boulevard|bd|place|allée|impasse|chemin|quai)[ \t]"
+)
+_SOUTHERN = re.compile(
+    r"(?:Calle|C/|Avenida|Av\.|Plaza|Paseo|Carrer|Rua|Via|Viale|Piazza|Corso|Largo)[ \t]+"
+    r"(?:(?:de|del|la|los|las|dos|das|da|do|della|di)[ \t]+)*"
+    rf"{_CAP}(?:[ \t]+{_CAP}){{0,2}},?[ \t]+\d{{1,4}}[a-z]?(?![\w])"
 )
 
 
-def find_addresses(text: str) -> list[Span]:
-    """Every street address in `text`."""
-    if _HINT.search(text) is None:
-        return []
-    found = [Span(m.start(), m.end(), "ADDRESS") for m in _ENGLISH.finditer(text)]
-    found += [Span(m.start(), m.end(), "ADDRESS") for m in _PO_BOX.finditer(text)]
-    found += [Span(m.start(), m.end(), "ADDRESS") for m in _GERMAN.finditer(text)]
-    found += [
-        Span(m.start(), m.end(), "ADDRESS")
-        for m in _ROMANCE.finditer(text)
-        if _ROMANCE_NUMBER.search(m.group()) is not None  # "Via Roma" alone is a place
-    ]
+def find_addresses(text: str, lowered: str) -> list[Span]:
+    """Every street address in `text`; `lowered` is `text` lower-cased keeping offsets."""
+    found: list[Span] = []
+    if _ENGLISH_HINT.search(text) is not None:
+        found += _matches(_ENGLISH, text, "._-")
+    if _FRENCH_HINT.search(lowered) is not None:
+        found += _matches(_FRENCH, text, "._-")
+    if "box" in lowered:
+        found += _matches(_PO_BOX, lowered, "")
+    if any(kind in lowered for kind in _GERMAN_TYPES) and _GERMAN_HINT.search(lowered):
+        found += _matches(_GERMAN, text, "")
+    found += _matches(_SOUTHERN, text, "")
     return found
+
+
+def _matches(pattern: re.Pattern[str], text: str, not_after: str) -> list[Span]:
+    """The pattern's matches that start a word (not after a letter, digit or `not_after`)."""
+    spans = []
+    for match in pattern.finditer(text):
+        at = match.start()
+        if at and (text[at - 1].isalnum() or text[at - 1] in not_after or text[at - 1] == "_"):
+            continue
+        spans.append(Span(at, match.end(), "ADDRESS"))
+    return spans

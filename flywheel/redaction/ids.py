@@ -26,9 +26,10 @@ _NI_NUMBER = re.compile(
     r"(?<![A-Za-z0-9])(?!BG|GB|KN|NK|NT|TN|ZZ)[A-CEGHJ-PR-TW-Z][A-CEGHJ-NPR-TW-Z]"
     r"(?: ?\d{2}){3} ?[A-D](?![A-Za-z0-9])"
 )
-_NI_HINT = re.compile(r"[A-Z]{2} ?\d\d")
+_NI_HINT = re.compile(r"[A-Z][A-Z] ?[0-9][0-9]")  # 0-9, not \d: a bitmap test, much faster
 
 _AADHAAR = re.compile(r"(?<![\w\-.])[2-9]\d{3}([ \-]?)\d{4}\1\d{4}(?![\w\-]|\.\d)")
+_AADHAAR_HINT = re.compile(r"[0-9]{4}[ \-]?[0-9]{4}[ \-]?[0-9]{4}")
 _AADHAAR_CONTEXT = re.compile(r"(?i:aadhaa?r|\buid\b|uidai|आधार)")
 _AADHAAR_WINDOW = 40
 
@@ -49,7 +50,7 @@ _DOB = re.compile(
     rf"|\d{{1,2}}(?:st|nd|rd|th)?[ \t](?:of[ \t])?(?i:{_MONTHS})\.?,?[ \t]\d{{4}}"
     rf"|(?i:{_MONTHS})\.?[ \t]\d{{1,2}}(?:st|nd|rd|th)?,?[ \t]\d{{4}})(?![\w])"
 )
-_DOB_HINT = re.compile(r"(?i:birth|dob|d\.o\.b|born)")
+_DOB_HINTS = ("birth", "dob", "d.o.b", "born")
 _YEAR = re.compile(r"\d{4}")
 _FIRST_YEAR = 1900
 
@@ -59,12 +60,13 @@ def find_ids(text: str, lowered: str) -> list[Span]:
     found: list[Span] = []
     if _NI_HINT.search(text) is not None:
         found += [Span(m.start(), m.end(), "NI_NUMBER") for m in _NI_NUMBER.finditer(text)]
-    found += _aadhaars(text)
+    if _AADHAAR_HINT.search(text) is not None:
+        found += _aadhaars(text)
     if "passport" in lowered:
         found += [
             Span(m.start("number"), m.end("number"), "PASSPORT") for m in _PASSPORT.finditer(text)
         ]
-    if _DOB_HINT.search(text) is not None:
+    if any(hint in lowered for hint in _DOB_HINTS):
         found += [
             Span(m.start("date"), m.end("date"), "DOB")
             for m in _DOB.finditer(text)

@@ -48,7 +48,8 @@ _AMBIGUOUS = frozenset(
 # Capitalised words that end a name candidate: where a second word is one of these, the
 # first alone is no name either (without context).
 _NOT_NAMES = frozenset(
-    """the a an and or but for to of in on at by with from as is are was were be been this
+    """mr mrs ms mx miss dr prof sir dame madam mme mlle herr frau sr sra srta
+    the a an and or but for to of in on at by with from as is are was were be been this
     that these those it its we you he she they i my our your their his her team all there
     everyone folks guys support customer customers client user users admin thanks thank
     please hello hi hey dear sir madam regards best cheers sincerely yours team's again
@@ -58,32 +59,42 @@ _NOT_NAMES = frozenset(
     ticket issue bug error report service services api app apps inc ltd llc corp company
     group bank university hospital school office department manager director engineer
     north south east west new old good great happy annual support. note notes update
-    upgrade export import team. contact reference logs ok okay sure yes no not""".split()
+    upgrade export import team. contact reference logs ok okay sure yes no not world
+    everybody anyone someone there's""".split()
 )
 _WORD = r"[^\W\d_](?:[^\W\d_]|['’\-](?=[^\W\d_]))*"
-_NAME_WORD = re.compile(_WORD)
-# Overlapping pairs: the second word is read in a lookahead, so "Hello Maria Lopez" yields
-# both "Hello Maria" and "Maria Lopez".
-_CAPITALISED_PAIR = re.compile(rf"(?<![\w'’\-])({_WORD})(?=[ \t]+({_WORD})(?![\w'’\-]))")
 # One to three capitalised words starting right at a position.
 _NAME_AT = re.compile(rf"({_WORD})(?:[ \t]+({_WORD}))?(?:[ \t]+({_WORD}))?")
-_TITLES = r"(?:Mr|Mrs|Ms|Mx|Miss|Dr|Prof|Sir|Dame|Madam|Mme|Mlle|Herr|Frau|Sr|Sra|Srta)"
-_GREETING = re.compile(
-    r"(?<![\w])(?:(?i:hi|hello|hey|hiya|dear|greetings|good (?:morning|afternoon|evening))"
-    rf"[ \t]*,?[ \t]+(?:{_TITLES}\.?[ \t]+)?|{_TITLES}\.?[ \t]+)"
+# What comes before a name (lower case, then spaces and maybe a comma). A `weak` context names
+# only a known first name; a title must be capitalised.
+_STRONG = (
+    *("hi", "hello", "hey", "hiya", "dear", "greetings", "good morning", "good afternoon"),
+    *("good evening", "my name is", "my name's", "name:", "signed", "signed:"),
 )
-_INTRODUCTION = re.compile(
-    r"(?<![\w])(?:(?i:my name is|my name's|name:|signed:?)[ \t]+"
-    r"|(?P<weak>(?i:i am|i'm|i’m|this is|thanks|thank you|cheers|ask|cc|with)[ \t,]+))"
+_TITLE_WORDS = (
+    *("mr", "mrs", "ms", "mx", "miss", "dr", "prof", "sir", "dame", "madam", "mme", "mlle"),
+    *("herr", "frau", "sr", "sra", "srta"),
 )
-_SIGN_OFF = re.compile(
-    r"(?im:^[ \t]*(?:thanks|thank you|many thanks|regards|best regards|kind regards|warm "
-    r"regards|best wishes|best|cheers|sincerely|yours(?: truly| sincerely)?|respectfully|"
-    r"all the best)[ \t]*[,.!]?[ \t]*\r?\n[ \t]*)"
+_TITLE_FORMS = (*_TITLE_WORDS, *(f"{title}." for title in _TITLE_WORDS))
+_WEAK = ("i am", "i'm", "i’m", "this is", "thanks", "thank you", "cheers", "ask", "cc", "with")
+_CONTEXT_CHARS = 24  # the longest context, its spaces and a comma
+_SIGN_OFFS = frozenset(
+    """thanks|thank you|many thanks|regards|best regards|kind regards|warm regards|best wishes
+    |best|cheers|sincerely|yours|yours truly|yours sincerely|respectfully|all the best""".replace(
+        "\n", ""
+    )
+    .replace("    ", "")
+    .split("|")
 )
 _SIGN_OFF_END = re.compile(r"[ \t]*[,.]?[ \t]*(?:\r?\n|\Z)")
+# A capitalised token (to the next white space), maybe after an opening quote or bracket: the
+# regex engine skips straight to capitals, and only these few tokens are looked at.
+_CAPITALISED = re.compile(r"[@(\"'\[«“‘]?[A-ZÀ-ÖØ-ÞĀ-ž]\S*")
 _HINT = re.compile(r"[A-ZÀ-ÖØ-ÞĀ-ž]")
 _COMMON_FIRST_NAMES = 300  # per sex, of faker's en_US list
+_OPENING = "@(\"'[«“‘"
+_CLOSING = ".,;:!?)\"']»”’"
+_INNER = str.maketrans("", "", "'’-")
 
 
 @lru_cache(maxsize=1)
@@ -117,49 +128,108 @@ def first_name_words() -> frozenset[str]:
     return frozenset((first - last) | common)
 
 
-def find_people(text: str) -> list[Span]:
+def find_people(text: str, lowered: str) -> list[Span]:
     """Spans of person names in `text` that context or the gazetteer show to be names, and
-    every later whole-word occurrence of them in the same text."""
+    every later whole-word occurrence of them in the same text; `lowered` is `text`
+    lower-cased by `lower_keeping_offsets`."""
     if _HINT.search(text) is None or text.isupper():
         return []
-    found = _in_context(text) + _full_names(text)
+    found = _find(text, lowered)
     if not found:
         return []
     names = tuple(sorted({text[span.start : span.end] for span in found}))
-    return found + find_names(text, text.lower(), names)
+    return found + find_names(text, lowered, names)
 
 
-def _in_context(text: str) -> list[Span]:
-    found = []
-    for match in _GREETING.finditer(text):
-        found += _names_at(text, match.end(), needs_known=False)
-    for match in _INTRODUCTION.finditer(text):
-        found += _names_at(text, match.end(), needs_known=match.group("weak") is not None)
-    for match in _SIGN_OFF.finditer(text):
-        spans = _names_at(text, match.end(), needs_known=False)
-        if spans and _SIGN_OFF_END.match(text, spans[-1].end):
-            found += spans
+def _find(text: str, lowered: str) -> list[Span]:
+    first, last = gazetteer()
+    found: list[Span] = []
+    previous: tuple[str, int, int] | None = None  # a first name that may start a full name
+    for match in _CAPITALISED.finditer(text):
+        token = match.group()
+        start = match.start() + (len(token) - len(token.lstrip(_OPENING)))
+        core = _core(text[start : match.end()])
+        if core is None or not _is_name_word(core):
+            previous = None
+            continue
+        end = start + len(core)
+        lower = core.lower()
+        context = _context(text, lowered, start)
+        if context is not None and (context == "strong" or lower in first):
+            found += _names_at(text, start)
+        elif previous is not None and _adjacent(text, previous[2], match.start()):
+            if lower in last or previous[0] not in _AMBIGUOUS:
+                found.append(Span(previous[1], end, "NAME"))
+        if _is_sign_off(lowered, start):
+            spans = _names_at(text, start)
+            if spans and _SIGN_OFF_END.match(text, spans[-1].end):
+                found += spans
+        opens = end == match.end() and lower in first
+        previous = (lower, start, end) if opens else None
     return found
 
 
-def _names_at(text: str, at: int, *, needs_known: bool) -> list[Span]:
+def _core(word: str) -> str | None:
+    """The word without closing punctuation or a possessive, if it is all letters."""
+    core = word.rstrip(_CLOSING)
+    if core.endswith(("'s", "’s")):
+        core = core[:-2]
+    return core if core and core.translate(_INNER).isalpha() else None
+
+
+def _context(text: str, lowered: str, at: int) -> str | None:
+    """ "strong" or "weak" for a context right before `at`, else None."""
+    before = lowered[max(0, at - _CONTEXT_CHARS) : at]
+    stripped = before.rstrip(" \t")
+    if len(stripped) == len(before):
+        return None  # a context is followed by white space
+    stripped = stripped.removesuffix(",").rstrip(" \t")
+    for words, kind in ((_STRONG, "strong"), (_TITLE_FORMS, "title"), (_WEAK, "weak")):
+        if not stripped.endswith(words):
+            continue
+        word = next(word for word in words if stripped.endswith(word))
+        begins = len(stripped) - len(word)
+        offset = at - len(before) + begins
+        if (
+            begins > 0
+            and stripped[begins - 1].isalnum()
+            or offset > 0
+            and begins == 0
+            and (lowered[offset - 1].isalnum())
+        ):
+            continue  # inside a word: "this" ends in "hi"
+        if kind == "title":
+            return "strong" if text[offset].isupper() else None
+        return kind
+    return None
+
+
+def _adjacent(text: str, end: int, start: int) -> bool:
+    """Only spaces or tabs between two words."""
+    return start > end and not text[end:start].strip(" \t")
+
+
+def _is_sign_off(lowered: str, at: int) -> bool:
+    """Whether `at` starts a line right after a sign-off line ("Kind regards,")."""
+    line_start = lowered.rfind("\n", 0, at) + 1
+    if line_start == 0 or lowered[line_start:at].strip(" \t"):
+        return False
+    previous_start = lowered.rfind("\n", 0, line_start - 1) + 1
+    line = lowered[previous_start : line_start - 1].strip(" \t\r").rstrip(",.!").rstrip()
+    return line in _SIGN_OFFS
+
+
+def _names_at(text: str, at: int) -> list[Span]:
     """The capitalised words (up to three) starting at `at` that make a name."""
     match = _NAME_AT.match(text, at)
     if match is None:
         return []
-    words = [match.span(group) for group in (1, 2, 3) if match.group(group) is not None]
-    kept: list[tuple[int, int]] = []
-    for start, end in words:
-        word = text[start:end]
-        if not _is_name_word(word):
+    end = at
+    for group in (1, 2, 3):
+        if match.group(group) is None or not _is_name_word(match.group(group)):
             break
-        kept.append((start, end))
-    if not kept:
-        return []
-    first, _ = gazetteer()
-    if needs_known and text[kept[0][0] : kept[0][1]].lower() not in first:
-        return []
-    return [Span(kept[0][0], kept[-1][1], "NAME")]
+        end = match.end(group)
+    return [Span(at, end, "NAME")] if end > at else []
 
 
 def _is_name_word(word: str) -> bool:
@@ -168,19 +238,3 @@ def _is_name_word(word: str) -> bool:
         and not (len(word) > 1 and word.isupper())
         and word.lower() not in _NOT_NAMES
     )
-
-
-def _full_names(text: str) -> list[Span]:
-    """A known first name followed by a surname: "Maria Lopez", "Priya Okafor"."""
-    first, last = gazetteer()
-    found = []
-    for match in _CAPITALISED_PAIR.finditer(text):
-        given, family = match.group(1), match.group(2)
-        if not (_is_name_word(given) and _is_name_word(family)):
-            continue
-        given_lower, family_lower = given.lower(), family.lower()
-        if given_lower not in first:
-            continue
-        if family_lower in last or given_lower not in _AMBIGUOUS:
-            found.append(Span(match.start(1), match.end(2), "NAME"))
-    return found
