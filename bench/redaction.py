@@ -18,7 +18,7 @@ renamed so that it does not shadow today's (the editable install wins over PYTHO
 
     git archive <commit> flywheel/redaction | tar -x -C /tmp/base
     mv /tmp/base/flywheel/redaction /tmp/base/oldredaction
-    sed -i 's/flywheel\.redaction/oldredaction/g' /tmp/base/oldredaction/*.py
+    sed -i s/flywheel.redaction/oldredaction/g /tmp/base/oldredaction/*.py
     PYTHONPATH=/tmp/base python -m bench.redaction --engine oldredaction
 """
 

@@ -202,14 +202,18 @@ class _Redactor:
     group (a ticket thread) is the scope within which a person keeps one surrogate."""
 
     def __init__(self, names: Sequence[str], scope: str) -> None:
-        self.names = names
+        self.names = tuple(names)
         self.scope = scope
         self.report: Counter[str] = Counter()
 
     def text(self, value: str) -> str:
         # NUL cannot be stored in PostgreSQL text and means nothing in a training example.
-        redaction = redact(value.replace("\x00", ""), names=self.names, scope=self.scope)
+        value = value.replace("\x00", "")
+        redaction = redact(value, names=self.names, scope=self.scope)
         self.report.update(redaction.counts)
+        found = {value[start:end] for start, end, kind in redaction.spans if kind == "NAME"}
+        if found - set(self.names):  # a name found in free text is known to the later texts
+            self.names = (*self.names, *sorted(found - set(self.names)))
         return redaction.text
 
     def optional(self, value: str | None) -> str | None:

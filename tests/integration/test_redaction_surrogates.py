@@ -142,3 +142,16 @@ def test_storing_the_same_ticket_again_finds_it_a_duplicate(
 
     with sessions() as session:
         assert len(session.scalars(select(SftExample)).all()) == 1
+
+
+def test_a_name_found_in_one_text_of_a_ticket_is_replaced_in_its_other_texts(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """ "Maria" alone, mid-sentence, is no name by itself; the prompt said who she is."""
+    store(sessions, acme, ticket("4713", "Sorry about that: as Maria noted, the order is late."))
+
+    with sessions() as session:
+        example = session.scalars(select(SftExample)).one()
+    first = re.search(r"my name is (\w+) ", example.messages[0]["content"])
+    assert first is not None
+    assert example.completion == f"Sorry about that: as {first[1]} noted, the order is late."
