@@ -22,14 +22,14 @@ _SUFFIXES = (
     "|Terrace|Ter|Circle|Cir|Highway|Hwy|Parkway|Pkwy|Square|Sq|Close|Crescent|Cres|Row|Mews"
     "|Gardens|Grove|Walk|Trail|Alley|Plaza|Broadway|Park|Rise|Hill|Green|Parade|Wharf|Quay"
 )
-_CAP = r"[A-ZÀ-ÖØ-Þ][\w'’.\-]*"
+_CAP = r"[A-ZÀ-ÖØ-Þ][\w'\u2019.\-]*"
 _UNIT = (
     r"(?:,?[ \t]+(?:Apt|Apartment|Suite|Ste|Unit|Flat|Floor|Fl|Room|Rm|#)\.?[ \t]?#?[\w\-]{1,6})"
 )
 _US_STATE_ZIP = r"[A-Z]{2}[ \t]+\d{5}(?:-\d{4})?"
 _UK_POSTCODE = r"[A-Z]{1,2}\d[A-Z\d]?[ \t]?\d[A-Z]{2}"
 _CA_POSTCODE = r"[A-Z]\d[A-Z][ \t]?\d[A-Z]\d"
-_TOWN_WORD = r"[A-ZÀ-ÖØ-Þ][^\W\d_]*(?:['’.\-][^\W\d_]+)*(?!\d)"
+_TOWN_WORD = r"[A-ZÀ-ÖØ-Þ][^\W\d_]*(?:['\u2019.\-][^\W\d_]+)*(?!\d)"
 _TOWN = rf"(?:,[ \t]*{_TOWN_WORD}(?:[ \t]+{_TOWN_WORD}){{0,2}})"
 _REGION = rf"(?:,?[ \t]*(?:{_US_STATE_ZIP}|{_UK_POSTCODE}|{_CA_POSTCODE}|[A-Z]{{2}}(?![\w])))"
 

@@ -44,7 +44,7 @@ _MONTHS = (
 )
 _DOB = re.compile(
     r"(?i:\b(?:date[ \t]of[ \t]birth|d\.?o\.?b\.?|birth[ \t]?date|born(?:[ \t]on)?|birthday))"
-    r"[ \t]*(?:is[ \t]+|was[ \t]+|[:#\-–=,][ \t]*)?(?:(?i:on)[ \t]+)?"
+    r"[ \t]*(?:is[ \t]+|was[ \t]+|[:#\-\u2013=,][ \t]*)?(?:(?i:on)[ \t]+)?"
     r"(?P<date>\d{4}-\d{1,2}-\d{1,2}"
     r"|\d{1,2}[./\-]\d{1,2}[./\-](?:\d{4}|\d{2})"
     rf"|\d{{1,2}}(?:st|nd|rd|th)?[ \t](?:of[ \t])?(?i:{_MONTHS})\.?,?[ \t]\d{{4}}"

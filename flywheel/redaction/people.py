@@ -25,6 +25,11 @@ from functools import lru_cache
 from flywheel.redaction.names import find_names
 from flywheel.redaction.spans import Span
 
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
 # faker's person providers whose names are written in Latin script.
 _LOCALES = (
     *("en_US", "en_GB", "en_IE", "en_IN", "en_NG", "en_KE", "en_PK", "en_NZ", "ga_IE"),
@@ -34,7 +39,7 @@ _LOCALES = (
     *("ig_NG", "ha_NG", "zu_ZA", "sw", "tw_GH", "id_ID", "vi_VN", "fil_PH", "tl_PH"),
 )
 # First names that are as often ordinary words, months or places: names only in context.
-_AMBIGUOUS = frozenset(
+_AMBIGUOUS = _words(
     """will may june april august mark rose bill grant chase hope faith joy grace amber ruby
     summer autumn dawn crystal jack frank gene guy art sue pat ray rich drew hunter lane wade
     carter mason page paris victoria china georgia austin dallas jordan florence eve iris
@@ -43,11 +48,11 @@ _AMBIGUOUS = frozenset(
     don jean may new best love young long king white black brown green gray grey price
     hill case key bank mercy unity liberty justice patience hazel sandy misty cash sage
     harmony melody destiny trinity lincoln kent york ashley shelby kelly taylor tyler
-    parker cooper porter baker miller fisher turner archer walker""".split()
+    parker cooper porter baker miller fisher turner archer walker"""
 )
 # Capitalised words that end a name candidate: where a second word is one of these, the
 # first alone is no name either (without context).
-_NOT_NAMES = frozenset(
+_NOT_NAMES = _words(
     """mr mrs ms mx miss dr prof sir dame madam mme mlle herr frau sr sra srta
     the a an and or but for to of in on at by with from as is are was were be been this
     that these those it its we you he she they i my our your their his her team all there
@@ -60,9 +65,9 @@ _NOT_NAMES = frozenset(
     group bank university hospital school office department manager director engineer
     north south east west new old good great happy annual support. note notes update
     upgrade export import team. contact reference logs ok okay sure yes no not world
-    everybody anyone someone there's""".split()
+    everybody anyone someone there's"""
 )
-_WORD = r"[^\W\d_](?:[^\W\d_]|['’\-](?=[^\W\d_]))*"
+_WORD = r"[^\W\d_](?:[^\W\d_]|['\u2019\-](?=[^\W\d_]))*"
 # One to three capitalised words starting right at a position.
 _NAME_AT = re.compile(rf"({_WORD})(?:[ \t]+({_WORD}))?(?:[ \t]+({_WORD}))?")
 # What comes before a name (lower case, then spaces and maybe a comma). A `weak` context names
@@ -76,25 +81,24 @@ _TITLE_WORDS = (
     *("herr", "frau", "sr", "sra", "srta"),
 )
 _TITLE_FORMS = (*_TITLE_WORDS, *(f"{title}." for title in _TITLE_WORDS))
-_WEAK = ("i am", "i'm", "i’m", "this is", "thanks", "thank you", "cheers", "ask", "cc", "with")
+_WEAK = ("i am", "i'm", "i\u2019m", "this is", "thanks", "thank you", "cheers", "ask", "cc", "with")
 _CONTEXT_CHARS = 24  # the longest context, its spaces and a comma
 _SIGN_OFFS = frozenset(
-    """thanks|thank you|many thanks|regards|best regards|kind regards|warm regards|best wishes
-    |best|cheers|sincerely|yours|yours truly|yours sincerely|respectfully|all the best""".replace(
-        "\n", ""
+    (
+        *("thanks", "thank you", "many thanks", "regards", "best regards", "kind regards"),
+        *("warm regards", "best wishes", "best", "cheers", "sincerely", "yours"),
+        *("yours truly", "yours sincerely", "respectfully", "all the best"),
     )
-    .replace("    ", "")
-    .split("|")
 )
 _SIGN_OFF_END = re.compile(r"[ \t]*[,.]?[ \t]*(?:\r?\n|\Z)")
 # A capitalised token (to the next white space), maybe after an opening quote or bracket: the
 # regex engine skips straight to capitals, and only these few tokens are looked at.
-_CAPITALISED = re.compile(r"[@(\"'\[«“‘]?[A-ZÀ-ÖØ-ÞĀ-ž]\S*")
+_CAPITALISED = re.compile(r"[@(\"'\[«“\u2018]?[A-ZÀ-ÖØ-ÞĀ-ž]\S*")
 _HINT = re.compile(r"[A-ZÀ-ÖØ-ÞĀ-ž]")
 _COMMON_FIRST_NAMES = 300  # per sex, of faker's en_US list
-_OPENING = "@(\"'[«“‘"
-_CLOSING = ".,;:!?)\"']»”’"
-_INNER = str.maketrans("", "", "'’-")
+_OPENING = "@(\"'[«“\u2018"
+_CLOSING = ".,;:!?)\"']»”\u2019"
+_INNER = str.maketrans("", "", "'\u2019-")
 
 
 @lru_cache(maxsize=1)
@@ -122,8 +126,8 @@ def first_name_words() -> frozenset[str]:
     provider = importlib.import_module("faker.providers.person.en_US").Provider
     common: set[str] = set()
     for attribute in ("first_names_male", "first_names_female"):
-        names = getattr(provider, attribute, {})
-        ranked = sorted(names, key=names.get, reverse=True) if isinstance(names, dict) else []
+        names: dict[str, float] = dict(getattr(provider, attribute, {}))
+        ranked = sorted(names, key=lambda name: names[name], reverse=True)
         common.update(name.lower() for name in ranked[:_COMMON_FIRST_NAMES])
     return frozenset((first - last) | common)
 
@@ -157,9 +161,12 @@ def _find(text: str, lowered: str) -> list[Span]:
         context = _context(text, lowered, start)
         if context is not None and (context == "strong" or lower in first):
             found += _names_at(text, start)
-        elif previous is not None and _adjacent(text, previous[2], match.start()):
-            if lower in last or previous[0] not in _AMBIGUOUS:
-                found.append(Span(previous[1], end, "NAME"))
+        elif (
+            previous is not None
+            and _adjacent(text, previous[2], match.start())
+            and (lower in last or previous[0] not in _AMBIGUOUS)
+        ):
+            found.append(Span(previous[1], end, "NAME"))
         if _is_sign_off(lowered, start):
             spans = _names_at(text, start)
             if spans and _SIGN_OFF_END.match(text, spans[-1].end):
@@ -172,7 +179,7 @@ def _find(text: str, lowered: str) -> list[Span]:
 def _core(word: str) -> str | None:
     """The word without closing punctuation or a possessive, if it is all letters."""
     core = word.rstrip(_CLOSING)
-    if core.endswith(("'s", "’s")):
+    if core.endswith(("'s", "\u2019s")):
         core = core[:-2]
     return core if core and core.translate(_INNER).isalpha() else None
 
@@ -190,12 +197,8 @@ def _context(text: str, lowered: str, at: int) -> str | None:
         word = next(word for word in words if stripped.endswith(word))
         begins = len(stripped) - len(word)
         offset = at - len(before) + begins
-        if (
-            begins > 0
-            and stripped[begins - 1].isalnum()
-            or offset > 0
-            and begins == 0
-            and (lowered[offset - 1].isalnum())
+        if (begins > 0 and stripped[begins - 1].isalnum()) or (
+            offset > 0 and begins == 0 and (lowered[offset - 1].isalnum())
         ):
             continue  # inside a word: "this" ends in "hi"
         if kind == "title":

@@ -31,29 +31,38 @@ from stdnum import verhoeff
 from flywheel.redaction.checksums import iban_check_digits
 from flywheel.redaction.people import first_name_words
 
-FIRST_NAMES = (
+
+def _words(text: str) -> frozenset[str]:
+    return frozenset(text.split())
+
+
+def _names(text: str) -> list[str]:
+    return text.split()
+
+
+FIRST_NAMES = _names(
     "Hannah Oliver Amara Lucas Sofia Mateus Elena Jonas Leila Tomas Nadia Felix Clara Rohan "
     "Ines Kofi Maya Luca Anika Daniel Farah Milo Greta Arjun Lena Marco Alina Samuel Irene "
     "Theo Zara Pablo Freya Omar Julia Nikolai Emma Hugo Selin Adrian Noor Victor Ayla Emil "
     "Lucia Rafael Mira Henrik Chloe Idris Paula Stefan Yara Leon Carmen Tobias Amira Simon "
     "Ruth Anton Keiko Martin Dalia Oskar Nina Elias Sara Bruno Esme Karim Olga Jasper Talia"
-).split()
-LAST_NAMES = (
+)
+LAST_NAMES = _names(
     "Keller Marsh Adeyemi Lindgren Moreau Castillo Varga Brennan Novak Holm Serrano Fischer "
     "Dalton Kaur Ribeiro Okonkwo Sato Whitaker Jansen Petrova Quinn Haddad Larsen Fontaine "
     "Mendez Blake Horvat Ferreira Nyberg Osei Rinaldi Sandoval Thorne Weiss Aguilar Baxter "
     "Kowalczyk Lambert Morales Nakagawa Olsen Pereira Rahman Schultz Toivonen Vance Yilmaz "
     "Abbott Bianchi Carver Duarte Ellis Gallagher Hartley Ibsen Jovanovic Kimura Laine Mercer"
-).split()
+)
 CJK_NAMES = ("李明", "张伟", "王静", "刘洋", "陈晨", "杨帆", "赵磊", "黄丽", "周杰", "吴敏")
-STREETS = (
+STREETS = _names(
     "Maple Cedar Willow Juniper Alder Linden Hawthorn Rowan Birch Chestnut Laurel Aspen "
     "Magnolia Sycamore Elmwood Foxglove Heather Meadow Orchard Riverside Harbour Kingfisher"
-).split()
-TOWNS = (
+)
+TOWNS = _names(
     "Ashford Brookfield Fairview Glenwood Harrow Kingsbridge Lakeside Milton Northwood "
     "Oakridge Pinehurst Redfield Stonebridge Westbury Yarrow Millbrook Easton Highbury"
-).split()
+)
 EMAIL_DOMAINS = ("example.com", "example.org", "example.net", "mail.example.com")
 TEST_CARDS: dict[int, tuple[str, ...]] = {
     13: ("4222222222222",),
@@ -66,21 +75,21 @@ TEST_CARDS: dict[int, tuple[str, ...]] = {
     ),
     19: ("6205500000000000004", "4000000000000000006"),
 }
-_KEEP_WORDS = frozenset(
+_KEEP_WORDS = _words(
     """street st avenue ave road rd boulevard blvd lane ln drive dr court ct way place pl
     terrace ter circle cir highway hwy parkway pkwy square sq close crescent cres row mews
     gardens grove walk trail alley plaza broadway park rise hill green parade wharf quay
     apt apartment suite ste unit flat floor fl room rm po p.o box n s e w ne nw se sw north
     south east west rue avenue boulevard bd place allée impasse chemin quai calle c/ avenida
     av. plaza paseo carrer rua via viale piazza corso largo de du des la le l' del della di
-    da do dos das am an der im in auf zum zur bis ter""".split()
+    da do dos das am an der im in auf zum zur bis ter"""
 )
-_MONTHS_FULL = (
+_MONTHS_FULL = _names(
     "January February March April May June July August September October November December"
-).split()
+)
 _GERMAN_STREET = re.compile(r"(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer)$")
 _NAME_PART = re.compile(r"[^\W\d_]+|\d+|[\W_]+")
-_WORDS = re.compile(r"[^\W\d_][\w'’.\-]*|\d+|[^\w]+|_")
+_WORDS = re.compile(r"[^\W\d_][\w'\u2019.\-]*|\d+|[^\w]+|_")
 _UNSPACED = re.compile("[\u3040-\u30ff\u3400-\u9fff\uf900-\ufaff]")
 
 
@@ -189,9 +198,9 @@ def _address(surrogates: Surrogates, value: str) -> str:
         if word.isdigit():
             first = "123456789"[surrogates.rng("ADDRESS", word).randrange(9)]
             out.append(first + _digits(surrogates.rng("ADDRESS", word + "#"), len(word) - 1))
-        elif not word[0].isalpha() or folded in _KEEP_WORDS or len(word) == 2 and word.isupper():
+        elif not word[0].isalpha() or folded in _KEEP_WORDS or (len(word) == 2 and word.isupper()):
             out.append(word)  # street types, particles, state codes
-            street_done = street_done or named and word[0].isalpha()
+            street_done = street_done or (named and word[0].isalpha())
         elif any(char.isdigit() for char in word):
             out.append(_shape(surrogates, word))  # postcodes, house numbers such as 221B
         else:

@@ -342,7 +342,8 @@ def test_every_stored_text_is_redacted_and_counted(
     mailed = re.fullmatch(r"Mail (\S+@example\.\w+) or call \(415\) 555-01\d\d\.", label.completion)
     assert mailed is not None, label.completion
     assert label.messages == [{"role": "user", "content": f"I am {mailed[1]}: why the fee?"}]
-    assert "jane" not in mailed[1] and "0132" not in label.completion
+    assert "jane" not in mailed[1]
+    assert "0132" not in label.completion
     assert label.redaction_report == {"EMAIL": 2, "PHONE": 1}
     assert label.content_sha256 == content_sha256("label", label.messages, label.completion, False)
     assert label.group_key == content_sha256("prompt", private)  # the prompt, as sent

@@ -4,8 +4,8 @@ the repository's tasks pass verifier QA."""
 
 from __future__ import annotations
 
-import re
 import json
+import re
 from pathlib import Path
 from typing import Any
 

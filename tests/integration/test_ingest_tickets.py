@@ -3,8 +3,8 @@ the people the ticket names redacted, one group per thread, and a second run add
 
 from __future__ import annotations
 
-import re
 import json
+import re
 from collections import Counter
 from pathlib import Path
 from typing import Any

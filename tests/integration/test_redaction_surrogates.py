@@ -38,7 +38,8 @@ def feedback(sessions: sessionmaker[Session], acme: Caller) -> Feedback:
 
 def assert_surrogated(text: str) -> tuple[str, str]:
     """`text` greets someone who is not Maria Lopez, with no placeholder: who it greets."""
-    assert "Maria" not in text and "Lopez" not in text, text
+    assert "Maria" not in text, text
+    assert "Lopez" not in text, text
     assert PLACEHOLDER.search(text) is None, text
     greeting = GREETING.match(text)
     assert greeting is not None, text
@@ -59,8 +60,10 @@ def test_a_corrected_answer_compiles_to_an_sft_completion_with_a_surrogate_name(
     assert f"{first}, the refund" in example.completion  # "Maria" alone: the same surrogate
     prompt = example.messages[0]["content"]
     assert f"my name is {first} {last} and" in prompt  # the same person across the record
-    assert "maria" not in prompt.lower() and PLACEHOLDER.search(prompt) is None, prompt
-    assert "555-0132" not in prompt and "acme.io" not in prompt
+    assert "maria" not in prompt.lower(), prompt
+    assert PLACEHOLDER.search(prompt) is None, prompt
+    assert "555-0132" not in prompt
+    assert "acme.io" not in prompt
     assert example.redaction_report == {"NAME": 3, "EMAIL": 1, "PHONE": 1}
     assert example.content_sha256 == content_sha256("sft", example.messages, example.completion)
 

@@ -137,11 +137,14 @@ def _prompt(messages_json: str, texts: Texts) -> Prompt:
     for clean in cleans:
         counts.update(clean.counts)
     if counts:  # the conversation as stored differs from the one that defines the group
-        stored = [{**message, "content": clean.text} for message, clean in zip(messages, cleans)]
+        stored = [
+            {**message, "content": clean.text}
+            for message, clean in zip(messages, cleans, strict=True)
+        ]
         messages_json = orjson.dumps(stored).decode()
         normal = [
             _normal_message(message, clean.normal, texts)
-            for message, clean in zip(messages, cleans)
+            for message, clean in zip(messages, cleans, strict=True)
         ]
         normal_json = orjson.dumps(normal)
     return Prompt(
