@@ -4,7 +4,8 @@ Rows arrive ordered by a prompt key (on PostgreSQL a 64-bit hash of the stored c
 so one prompt's rows are contiguous; within a key, rows are split by the conversation itself
 and merged by `group_key`, the content hash of the normalised conversation.
 
-Each distinct text is redacted and normalised once per run (`Texts`), and content hashes are
+Each distinct text is redacted and normalised once per run and prompt (`Texts`; the prompt's
+group key is the scope of its surrogates), and content hashes are
 computed from those normalised forms: `flywheel.signals.content.messages_digest` of them
 equals `content_sha256(kind, *raw)` because normalising is idempotent (a test holds the two
 equal), and it spares normalising a prompt's conversation once per item.
