@@ -12,10 +12,10 @@ Names are replaced word by word ("Maria Lopez" -> "Hannah Keller", then "Maria" 
 and "MARIA" -> "HANNAH"), a first name by a first name and a surname by a surname. E-mail
 addresses keep their shape on reserved domains (example.com, RFC 2606), their name parts
 mapped like names. Phone numbers keep their country code and grouping (North American ones
-go to the fictional 555-01xx range). Addresses keep their street type and shape. Cards become
-the networks' published test numbers, IPs documentation addresses (RFC 5737, RFC 3849),
-SSNs the advertising range 987-65-432x, NI numbers the QQ prefix HMRC uses in examples.
-Everything else keeps its shape with other letters and digits.
+go to the fictional 555-01xx range of some area). Addresses keep their street type and
+shape. Cards become the networks' published test numbers, IPs documentation addresses
+(RFC 5737, RFC 3849), SSNs the advertising range 987-65-432x, NI numbers the QQ prefix HMRC
+uses in examples. Everything else keeps its shape with other letters and digits.
 """
 
 from __future__ import annotations
@@ -71,7 +71,7 @@ TEST_CARDS: dict[int, tuple[str, ...]] = {
     16: (
         *("4242424242424242", "4000056655665556", "5555555555554444", "2223003122003222"),
         *("5200828282828210", "5105105105105100", "6011111111111117", "6011000990139424"),
-        *("3566002020360505", "6200000000000005", "4111111111111111", "4012888888881881"),
+        *("3566002020360505", "6200000000000005", "4000002500003155", "4000000760000002"),
     ),
     19: ("6205500000000000004", "4000000000000000006"),
 }
@@ -205,8 +205,9 @@ def _phone(surrogates: Surrogates, value: str) -> str:
     north_american = len(national) == 10 and (
         digits[:keep] == ["1"] or (keep == 0 and not value.startswith(("+", "0")))
     )
-    if north_american:  # the area code stays; 555-0100 to 555-0199 are fictional
-        national = [*national[:3], *"55501", *_digits(rng, 2)]
+    if north_american:  # 555-0100 to 555-0199 are fictional, in any area
+        area = f"{rng.randint(2, 9)}{rng.randint(0, 8)}{rng.randint(0, 9)}"
+        national = [*area, *"55501", *_digits(rng, 2)]
     elif national:  # the first digit (a trunk 0, a mobile 7) stays
         national = [national[0], *_digits(rng, len(national) - 1)]
     replaced = iter(digits[:keep] + national)

@@ -339,7 +339,9 @@ def test_every_stored_text_is_redacted_and_counted(
     with sessions() as session:
         label = session.scalars(select(LabeledCompletion)).one()
     # Surrogates, not placeholders: the same address is the same surrogate in the record.
-    mailed = re.fullmatch(r"Mail (\S+@example\.\w+) or call \(415\) 555-01\d\d\.", label.completion)
+    mailed = re.fullmatch(
+        r"Mail (\S+@(?:mail\.)?example\.\w+) or call \(\d{3}\) 555-01\d\d\.", label.completion
+    )
     assert mailed is not None, label.completion
     assert label.messages == [{"role": "user", "content": f"I am {mailed[1]}: why the fee?"}]
     assert "jane" not in mailed[1]
