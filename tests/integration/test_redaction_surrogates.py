@@ -12,9 +12,9 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import unit_of_work
 from flywheel.models import Domain
-from flywheel.signals.candidates import Provenance, SftCandidate
+from flywheel.signals.candidates import Provenance, SftCandidate, TaskCandidate
 from flywheel.signals.content import content_sha256
-from flywheel.signals.models import LabeledCompletion, SftExample
+from flywheel.signals.models import LabeledCompletion, SftExample, VerifiableTask
 from flywheel.signals.store import store_candidates
 from tests.conftest import Caller
 from tests.integration.test_compile import Feedback, pairs
@@ -98,7 +98,9 @@ def test_answers_that_differ_only_in_a_name_still_make_no_pair(
     assert pairs(sessions) == []
 
 
-def store(sessions: sessionmaker[Session], caller: Caller, *candidates: SftCandidate) -> None:
+def store(
+    sessions: sessionmaker[Session], caller: Caller, *candidates: SftCandidate | TaskCandidate
+) -> None:
     with unit_of_work(sessions) as session:
         domain_id = session.scalars(
             select(Domain.id).where(Domain.tenant_id == caller.tenant_id)
@@ -158,3 +160,25 @@ def test_a_name_found_in_one_text_of_a_ticket_is_replaced_in_its_other_texts(
     first = re.search(r"my name is (\w+) ", example.messages[0]["content"])
     assert first is not None
     assert example.completion == f"Sorry about that: as {first[1]} noted, the order is late."
+
+
+def test_a_code_task_keeps_the_names_its_tests_expect(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """Test data in code names people a test expects back: free-text names are not looked for
+    there (e-mail addresses and secrets still are)."""
+    tests = 'assert initials("Maria Lopez") == "ML"\nassert initials("Hi Jane Doe") == "HJD"\n'
+    task = TaskCandidate(
+        Provenance("repository", "repo@1:m.py::initials", group_key="repo"),
+        prompt='def initials(name):\n    """Initials of `name` (ask ops@acme.io)."""\n',
+        entry_point="initials",
+        reference_solution="def initials(name):\n    return ''.join(w[0] for w in name.split())\n",
+        hidden_tests=tests,
+    )
+    store(sessions, acme, task)
+
+    with sessions() as session:
+        stored = session.scalars(select(VerifiableTask)).one()
+    assert stored.hidden_tests == tests
+    assert "ops@acme.io" not in stored.prompt
+    assert stored.redaction_report == {"EMAIL": 1}
