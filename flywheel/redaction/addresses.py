@@ -41,27 +41,18 @@ _ENGLISH = re.compile(
     rf"(?:{_CAP}|\d{{1,3}}(?:st|nd|rd|th))(?:[ \t]+{_CAP}){{0,3}}?[ \t]+(?:{_SUFFIXES})\.?"
     rf"(?![\w]){_UNIT}?(?:{_TOWN}{_REGION}?)?"
 )
-# A number, then a capitalised word or an ordinal: what every English address starts with.
+# Hints: cheap patterns that every address of a kind matches, tried before the full ones.
 # (Digits are spelled 0-9: a bitmap test, where `\d` looks each character up in Unicode's
 # tables, several times slower on text full of version numbers and dates.)
-_ENGLISH_HINT = re.compile(r"[0-9][A-Za-z]?(?:[\-/][0-9]{1,4})?[ \t]+(?:[NSEW]\.?[ \t]+)?[A-Z0-9]")
+_NUMBER_HINT = re.compile(
+    r"[0-9][A-Za-z]?(?:[\-/][0-9]{1,4})?,?[ \t]+(?:[NSEW]\.?[ \t]+)?"
+    r"(?:[A-Z0-9]|(?:rue|avenue|boulevard|bd|place|allée|impasse|chemin|quai)[ \t])"
+)  # what English and French addresses start with: a number, then a name or a street type
 _PO_BOX = re.compile(r"p\.?[ \t]?o\.?[ \t]box[ \t]+\d{1,6}(?![\w])")  # in lower case
 _GERMAN = re.compile(
     r"(?:(?:Am|An der|Im|In der|Auf der|Zum|Zur)[ \t]+)?"
     r"[A-ZÄÖÜ][\wäöüß\-]*(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer)"
     r"[ \t]+\d{1,4}[a-z]?(?:,[ \t]*\d{5}[ \t]+[A-ZÄÖÜ][\wäöüß\-]+)?"
-)
-_GERMAN_TYPES = (
-    "straße",
-    "strasse",
-    "str.",
-    "weg",
-    "gasse",
-    "platz",
-    "allee",
-    "ring",
-    "damm",
-    "ufer",
 )
 _GERMAN_HINT = re.compile(
     r"(?:straße|strasse|str\.|weg|gasse|platz|allee|ring|damm|ufer)[ \t]+[0-9]"
@@ -71,10 +62,6 @@ _FRENCH = re.compile(
     r"(?:rue|avenue|boulevard|bd|place|allée|impasse|chemin|quai|Rue|Avenue|Boulevard|Place)"
     r"[ \t]+(?:(?:de|du|des|la|le|l'|d')[ \t]*)*"
     rf"{_CAP}(?:[ \t]+{_CAP}){{0,2}}"
-)
-_FRENCH_HINT = re.compile(
-    r"[0-9](?:[ \t]?(?:bis|ter))?,?[ \t]+"
-    r"(?:rue|avenue|boulevard|bd|place|allée|impasse|chemin|quai)[ \t]"
 )
 _SOUTHERN = re.compile(
     r"(?:Calle|C/|Avenida|Av\.|Plaza|Paseo|Carrer|Rua|Via|Viale|Piazza|Corso|Largo)[ \t]+"
@@ -86,13 +73,12 @@ _SOUTHERN = re.compile(
 def find_addresses(text: str, lowered: str) -> list[Span]:
     """Every street address in `text`; `lowered` is `text` lower-cased keeping offsets."""
     found: list[Span] = []
-    if _ENGLISH_HINT.search(text) is not None:
+    if _NUMBER_HINT.search(text) is not None:
         found += _matches(_ENGLISH, text, "._-")
-    if _FRENCH_HINT.search(lowered) is not None:
         found += _matches(_FRENCH, text, "._-")
     if "box" in lowered:
         found += _matches(_PO_BOX, lowered, "")
-    if any(kind in lowered for kind in _GERMAN_TYPES) and _GERMAN_HINT.search(lowered):
+    if _GERMAN_HINT.search(lowered) is not None:
         found += _matches(_GERMAN, text, "")
     found += _matches(_SOUTHERN, text, "")
     return found
