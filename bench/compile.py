@@ -313,7 +313,7 @@ class Phases:
 
     def __enter__(self) -> Phases:
         self.wrap_iterator(compiler, "evidence_rows", "evidence query + fetch (server, psycopg)")
-        self.wrap(items, "redact", "redact (each distinct text once)")
+        self.wrap(items, "find_spans", "redact: find (each distinct text once)")
         self.wrap(compiler, "judge", "judge (rules)")
         self.wrap(compiler, "stage", "stage (redact item texts, hash, buffer)")
         self.wrap(writer.Writer, "_store_chunk", "COPY + upsert chunks (background thread)")

@@ -26,6 +26,13 @@ class Settings(BaseSettings):
         description="SQLAlchemy URL, e.g. postgresql+psycopg://user@host/db. "
         "Unset: a SQLite file in the workspace (quickstart only).",
     )
+    redaction_key: SecretStr | None = Field(
+        default=None,
+        description="Secret that keys the surrogates redaction writes in place of personal "
+        "data (the same person is the same surrogate within a record, unlinkable across "
+        "records). Set the same value on every host. Unset: a random key kept in the "
+        "workspace (redaction.key), made on first use.",
+    )
     db_pool_size: int = Field(
         default=20,
         ge=1,

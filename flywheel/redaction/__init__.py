@@ -1,7 +1,11 @@
 """Redaction of PII and secrets before anything reaches a training table.
 
-`redact(text, names=...)` replaces each find with a typed placeholder and reports how many of
-each type it replaced. What counts, and what deliberately does not:
+`redact(text, names=..., scope=...)` replaces each find with a realistic surrogate (see
+`surrogates`: the same value is the same surrogate within one `scope`, a record such as a
+ticket thread or a conversation) and reports how many of each type it replaced. The typed
+placeholders (`<NAME>`, `<EMAIL>`) appear only in the report and in `Redaction.typed`, the
+form used to compare texts: never in what is stored, so no model learns to write them. What
+counts, and what deliberately does not:
 
 - `<EMAIL>`: `local@domain.tld` with an alphabetic top-level domain. Not `python@2.7`,
   `lodash@4.17.21`, `@decorators`, nor scp-style remotes `git@github.com:org/repo`.
@@ -24,8 +28,12 @@ each type it replaced. What counts, and what deliberately does not:
   value looks like one (see `credentials.is_secret_value`); the name and `=` stay. Hashes,
   UUIDs, git SHAs and identifiers are not secrets unless assigned to such a name; template
   stand-ins (`${DB_PASSWORD}`, `{password}`, `user:pass` in docs) are not secrets at all.
-- `<NAME>`: only the person names the caller passes (the source's requester, assignee,
-  commenters), as whole words; a lower-case hit counts only if spelled exactly as given.
+- `<NAME>`: the person names the caller passes (the source's requester, assignee,
+  commenters), as whole words; a lower-case hit counts only if spelled exactly as given. And
+  names in free text that their context or faker's name lists show (see `people`).
+- `<ADDRESS>`: street addresses with a street type (see `addresses`).
+- `<NI_NUMBER>`, `<AADHAAR>`, `<PASSPORT>`, `<DOB>`: UK National Insurance numbers, Aadhaar
+  numbers (Verhoeff check), labelled passport numbers and labelled dates of birth (see `ids`).
 
 Overlapping finds resolve to the most specific type, then the longest span (see `spans`).
 """
@@ -36,22 +44,35 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from flywheel.redaction.addresses import find_addresses
 from flywheel.redaction.credentials import find_secrets
+from flywheel.redaction.ids import find_ids
+from flywheel.redaction.keys import redaction_key
 from flywheel.redaction.names import find_names
+from flywheel.redaction.people import find_people
 from flywheel.redaction.pii import find_pii
 from flywheel.redaction.spans import KINDS, Span, lower_keeping_offsets, resolve
+from flywheel.redaction.surrogates import Surrogates
 
-__all__ = ["KINDS", "Redaction", "Span", "find_spans", "redact"]
+__all__ = ["KINDS", "Redaction", "Span", "Surrogates", "apply", "find_spans", "redact"]
 
 
 @dataclass(frozen=True)
 class Redaction:
-    """The redacted text, how many of each placeholder type it holds, and where each replaced
-    span sat in the original text (offsets only: the report never carries the values)."""
+    """The redacted text (surrogates in place of what was found), how many of each type it
+    replaced, and where each replaced span sat in the original text (offsets only: the report
+    never carries the values, nor the surrogates)."""
 
     text: str
     counts: dict[str, int] = field(default_factory=dict)  # placeholder type -> occurrences
     spans: tuple[Span, ...] = ()
+    typed_text: str | None = None  # with `<TYPE>` placeholders; None: the same as `text`
+
+    @property
+    def typed(self) -> str:
+        """The text with typed placeholders: for reports and for telling texts apart by more
+        than what redaction replaced. Never stored as training text."""
+        return self.text if self.typed_text is None else self.typed_text
 
     def report(self) -> dict[str, Any]:
         """The per-record report, as stored beside the record and printed by the CLI."""
@@ -64,28 +85,52 @@ class Redaction:
         }
 
 
-def redact(text: str, *, names: Sequence[str] = ()) -> Redaction:
-    """`text` with every PII and secret find replaced by `<TYPE>`; `names` are the person
-    names the source knows (requester, assignee, commenters)."""
-    spans = find_spans(text, names=names)
+def redact(
+    text: str,
+    *,
+    names: Sequence[str] = (),
+    scope: str = "",
+    key: bytes | None = None,
+    people: bool = True,
+) -> Redaction:
+    """`text` with every PII and secret find replaced by a surrogate; `names` are the person
+    names the source knows (requester, assignee, commenters), `scope` the record the text
+    belongs to (values keep their surrogate within it), `key` the redaction key (default: the
+    deployment's, see `keys`). Without `people`, names in free text are not looked for (code,
+    whose test data names people a test expects back)."""
+    spans = find_spans(text, names=names, people=people)
     if not spans:
         return Redaction(text)
+    surrogates = Surrogates(redaction_key() if key is None else key, scope)
+    return apply(text, spans, surrogates)
+
+
+def apply(text: str, spans: Sequence[Span], surrogates: Surrogates) -> Redaction:
+    """The `Redaction` of `text` whose finds are `spans` (from `find_spans`)."""
     pieces: list[str] = []
+    typed: list[str] = []
     counts: dict[str, int] = {}
     position = 0
     for start, end, kind in spans:
-        pieces += (text[position:start], "<", kind, ">")
+        between = text[position:start]
+        pieces += (between, surrogates(kind, text[start:end]))
+        typed += (between, "<", kind, ">")
         counts[kind] = counts.get(kind, 0) + 1
         position = end
     pieces.append(text[position:])
-    return Redaction("".join(pieces), counts, tuple(spans))
+    typed.append(text[position:])
+    return Redaction("".join(pieces), counts, tuple(spans), "".join(typed))
 
 
-def find_spans(text: str, *, names: Sequence[str] = ()) -> list[Span]:
+def find_spans(text: str, *, names: Sequence[str] = (), people: bool = True) -> list[Span]:
     """The non-overlapping spans `redact` replaces, in text order."""
     lowered = lower_keeping_offsets(text)
     found = find_secrets(text, lowered)
     found += find_pii(text, lowered)
+    found += find_ids(text, lowered)
+    found += find_addresses(text, lowered)
+    if people:
+        found += find_people(text, lowered)
     if names:
         found += find_names(text, lowered, tuple(names))
     return resolve(found)

@@ -9,7 +9,10 @@ from typing import NamedTuple
 # (a URL's credentials over the `pass@host.com` an e-mail pattern sees inside them, an IBAN
 # over the Luhn-valid 16 digits inside its account number, a checksummed card over a
 # phone-shaped digit run), then the longer span.
-KINDS = ("SECRET", "IBAN", "CARD", "SSN", "EMAIL", "IP", "PHONE", "NAME")
+KINDS = (
+    *("SECRET", "IBAN", "CARD", "SSN", "AADHAAR", "NI_NUMBER", "PASSPORT", "DOB"),
+    *("EMAIL", "IP", "PHONE", "ADDRESS", "NAME"),
+)
 _RANK = {kind: rank for rank, kind in enumerate(KINDS)}
 
 

@@ -198,16 +198,23 @@ def store_one(
 
 
 class _Redactor:
-    """Redacts one candidate's texts with its source's known names, summing the counts."""
+    """Redacts one candidate's texts with its source's known names, summing the counts; its
+    group (a ticket thread) is the scope within which a person keeps one surrogate."""
 
-    def __init__(self, names: Sequence[str]) -> None:
-        self.names = names
+    def __init__(self, names: Sequence[str], scope: str, *, people: bool = True) -> None:
+        self.names = tuple(names)
+        self.scope = scope
+        self.people = people  # free-text names; not in code, whose tests may expect them back
         self.report: Counter[str] = Counter()
 
     def text(self, value: str) -> str:
         # NUL cannot be stored in PostgreSQL text and means nothing in a training example.
-        redaction = redact(value.replace("\x00", ""), names=self.names)
+        value = value.replace("\x00", "")
+        redaction = redact(value, names=self.names, scope=self.scope, people=self.people)
         self.report.update(redaction.counts)
+        found = {value[start:end] for start, end, kind in redaction.spans if kind == "NAME"}
+        if found - set(self.names):  # a name found in free text is known to the later texts
+            self.names = (*self.names, *sorted(found - set(self.names)))
         return redaction.text
 
     def optional(self, value: str | None) -> str | None:
@@ -221,9 +228,10 @@ def _signal_row(
     candidate: Candidate, tenant_id: uuid.UUID, domain_id: uuid.UUID, ingestor_version: str
 ) -> tuple[str, dict[str, Any]]:
     """The candidate's table and row: redacted, hashed, with its provenance."""
-    redactor = _Redactor(candidate.provenance.names)
-    table, fields = _redacted_fields(candidate, redactor)
     provenance = candidate.provenance
+    is_code = isinstance(candidate, TaskCandidate) and candidate.task_kind == "code"
+    redactor = _Redactor(provenance.names, provenance.group_key, people=not is_code)
+    table, fields = _redacted_fields(candidate, redactor)
     row = {
         "id": uuid.uuid4(),
         "created_at": utcnow(),
@@ -324,7 +332,7 @@ def _store_interactions(
     now = utcnow()
     interaction_rows, event_rows = [], []
     for item in interactions:
-        redactor = _Redactor(item.provenance.names)
+        redactor = _Redactor(item.provenance.names, item.provenance.group_key)
         interaction_id = uuid.uuid5(INGESTED_NAMESPACE, f"{domain_id}:{item.provenance.source_ref}")
         interaction_rows.append(
             {

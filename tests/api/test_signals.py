@@ -148,7 +148,8 @@ def test_a_posted_task_is_redacted_before_it_is_stored(
     assert "ops@acme.example" not in response.text
     with sessions() as session:
         row = session.scalars(select(VerifiableTask)).one()
-    assert "<EMAIL>" in row.prompt
+    assert "@example." in row.prompt
+    assert "<EMAIL>" not in row.prompt
     assert secret not in row.prompt
     assert row.redaction_report["EMAIL"] == 2  # prompt and reference
 

@@ -3,6 +3,7 @@ incremental recompiles and retractions, tenant isolation. Runs on PostgreSQL and
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime, timedelta
 from typing import Any
@@ -337,8 +338,14 @@ def test_every_stored_text_is_redacted_and_counted(
 
     with sessions() as session:
         label = session.scalars(select(LabeledCompletion)).one()
-    assert label.completion == "Mail <EMAIL> or call <PHONE>."
-    assert label.messages == [{"role": "user", "content": "I am <EMAIL>: why the fee?"}]
+    # Surrogates, not placeholders: the same address is the same surrogate in the record.
+    mailed = re.fullmatch(
+        r"Mail (\S+@(?:mail\.)?example\.\w+) or call \(\d{3}\) 555-01\d\d\.", label.completion
+    )
+    assert mailed is not None, label.completion
+    assert label.messages == [{"role": "user", "content": f"I am {mailed[1]}: why the fee?"}]
+    assert "jane" not in mailed[1]
+    assert "0132" not in label.completion
     assert label.redaction_report == {"EMAIL": 2, "PHONE": 1}
     assert label.content_sha256 == content_sha256("label", label.messages, label.completion, False)
     assert label.group_key == content_sha256("prompt", private)  # the prompt, as sent

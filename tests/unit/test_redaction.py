@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -19,7 +20,19 @@ from flywheel.redaction.checksums import (
     luhn_complete,
     luhn_valid,
 )
-from tests.fixtures.redaction_corpus import build_corpus, code_snippets, score
+from tests.fixtures.redaction_corpus import PLANTED_KINDS, build_corpus, code_snippets, score
+
+KEY = b"unit-test-redaction-key-32-bytes"
+PLACEHOLDER = re.compile(r"<(?:" + "|".join(KINDS) + r")>")
+
+
+def assert_surrogates_only(text: str, result: Redaction) -> None:
+    """No placeholder in the stored text, and none of the values that were found."""
+    assert PLACEHOLDER.search(result.text) is None, result.text
+    for start, end, kind in result.spans:
+        value = text[start:end]
+        word = re.compile(rf"(?<![^\W_]){re.escape(value)}(?![^\W_])")
+        assert word.search(result.text) is None, (kind, value, result.text)
 
 
 @pytest.mark.parametrize(
@@ -126,7 +139,9 @@ PRIVATE_KEY = (
     ],
 )
 def test_each_detector_replaces_what_it_finds(text: str, expected: str) -> None:
-    assert redact(text).text == expected
+    result = redact(text, key=KEY)
+    assert result.typed == expected
+    assert_surrogates_only(text, result)
 
 
 @pytest.mark.parametrize(
@@ -156,12 +171,12 @@ def test_loopback_stays_and_other_addresses_go() -> None:
     """The documented IP rule: loopback, unspecified, multicast and reserved IPv4 (netmasks,
     broadcast) identify no host; private and public addresses do."""
     text = "127.0.0.1 ::1 0.0.0.0 224.0.0.1 255.255.255.255 10.1.2.3 192.168.0.10 8.8.8.8"
-    assert redact(text).text == "127.0.0.1 ::1 0.0.0.0 224.0.0.1 255.255.255.255 <IP> <IP> <IP>"
+    assert redact(text).typed == "127.0.0.1 ::1 0.0.0.0 224.0.0.1 255.255.255.255 <IP> <IP> <IP>"
 
 
 def test_only_the_value_of_a_secret_assignment_goes() -> None:
     result = redact("export OPENAI_API_KEY=Zx81kQp02LmNv7Rt5YwE3s")
-    assert result.text == "export OPENAI_API_KEY=<SECRET>"
+    assert result.typed == "export OPENAI_API_KEY=<SECRET>"
     assert result.counts == {"SECRET": 1}
 
 
@@ -201,16 +216,21 @@ def test_only_the_value_of_a_secret_assignment_goes() -> None:
 def test_known_names_are_redacted_as_whole_words(
     text: str, names: list[str], expected: str
 ) -> None:
-    assert redact(text, names=names).text == expected
+    result = redact(text, names=names, key=KEY)
+    assert result.typed == expected
+    assert_surrogates_only(text, result)
 
 
-def test_names_are_not_redacted_unless_given() -> None:
-    assert redact("Jane Doe wrote").text == "Jane Doe wrote"
+def test_a_name_nobody_gave_and_nothing_marks_as_one_stays() -> None:
+    """Free-text names need context or faker's lists: "Haruto Bianchi" (a first name it does
+    not know) in plain prose is not found; "Jane Doe" is."""
+    assert redact("Haruto Bianchi wrote").typed == "Haruto Bianchi wrote"
+    assert redact("Jane Doe wrote").typed == "<NAME> wrote"
 
 
 def test_credentials_in_a_url_win_over_the_email_inside_them() -> None:
     result = redact("ftp://anonymous:guest1@ftp.example.org/pub")
-    assert result.text == "ftp://<SECRET>@ftp.example.org/pub"
+    assert result.typed == "ftp://<SECRET>@ftp.example.org/pub"
     assert result.counts == {"SECRET": 1}
 
 
@@ -218,19 +238,20 @@ def test_an_iban_wins_over_the_card_number_inside_it() -> None:
     # "4146 3859 7173 8085" inside this IBAN is Luhn-valid with a Visa prefix.
     iban = "PL" + iban_check_digits("PL", "114146385971738085391725") + "114146385971738085391725"
     assert is_card_number("4146385971738085")
-    assert redact(f"pay to {iban}").text == "pay to <IBAN>"
+    assert redact(f"pay to {iban}").typed == "pay to <IBAN>"
 
 
 def test_the_report_counts_per_type_and_keeps_offsets_not_values() -> None:
     text = "a@b.io, c@d.io and 4111111111111111"
     result = redact(text)
-    assert result.text == "<EMAIL>, <EMAIL> and <CARD>"
+    assert result.typed == "<EMAIL>, <EMAIL> and <CARD>"
     assert result.counts == {"EMAIL": 2, "CARD": 1}
     assert result.spans == (Span(0, 6, "EMAIL"), Span(8, 14, "EMAIL"), Span(19, 35, "CARD"))
     report = result.report()
     assert report["total"] == 3
     assert report["counts"] == {"EMAIL": 2, "CARD": 1}
     assert "a@b.io" not in json.dumps(report)
+    assert result.text[:-16] not in json.dumps(report)  # nor the surrogates
 
 
 def test_text_without_pii_is_returned_as_is() -> None:
@@ -242,27 +263,33 @@ def test_a_long_text_with_many_finds_is_redacted_completely() -> None:
     text = " ".join(f"Jane <jane{i}@acme.io>, 10.0.{i % 256}.{i // 256 + 1};" for i in range(3000))
     result = redact(text, names=["Jane Doe"])
     assert result.counts == {"NAME": 3000, "EMAIL": 3000, "IP": 3000}
-    assert result.text.count("<NAME> <<EMAIL>>, <IP>;") == 3000
+    assert result.typed.count("<NAME> <<EMAIL>>, <IP>;") == 3000
+    assert "Jane" not in result.text
+    assert "acme.io" not in result.text
 
 
-def test_redaction_is_idempotent() -> None:
+def test_placeholders_themselves_are_left_alone() -> None:
     text = "Jane <jane@acme.io>, +1 415 555 0132, token=ghp_16C7e42F292c6912E7710c838347Ae178B4a"
-    once = redact(text, names=["Jane"]).text
-    assert redact(once, names=["Jane"]) == Redaction(once)
+    typed = redact(text, names=["Jane"]).typed
+    assert redact(typed, names=["Jane"]) == Redaction(typed)
 
 
 def test_the_corpus_is_deterministic_and_large_enough() -> None:
     corpus = build_corpus()
     assert corpus == build_corpus()
-    per_kind = {kind: sum(p.kind == kind for s in corpus for p in s.planted) for kind in KINDS}
-    assert sum(per_kind.values()) >= 500
+    assert set(PLANTED_KINDS) == {*KINDS, "NAME_FREE"}
+    per_kind = {
+        kind: sum(p.label == kind for s in corpus for p in s.planted) for kind in PLANTED_KINDS
+    }
+    assert sum(per_kind.values()) >= 1000
     assert min(per_kind.values()) >= 40, per_kind
 
 
 def test_recall_and_precision_per_type_on_the_planted_corpus() -> None:
     scores = score(build_corpus(), code_snippets(), lambda text, names: redact(text, names=names))
     for kind, result in scores.items():
-        assert result.recall >= 0.97, (kind, result.recall, result.misses[:10])
+        floor = 0.95 if kind == "NAME_FREE" else 0.97  # free text: context or faker's lists
+        assert result.recall >= floor, (kind, result.recall, result.misses[:10])
         assert result.precision >= 0.9, (kind, result.precision, result.false_positives[:10])
 
 
@@ -284,7 +311,10 @@ def test_cli_redacts_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     code, out, err = run_cli(capsys, str(path), "--name", "Jane Doe")
 
     assert code == 0
-    assert out == "Hi <NAME>, reach me at <EMAIL>\n"
+    greeting = re.fullmatch(r"Hi (\w+) \w+, reach me at \1@example\.\w+\n", out, re.I)
+    assert greeting is not None, out  # the surrogate name, and the address made of it
+    assert "Jane" not in out
+    assert "acme" not in out
     assert err == "redacted 2: EMAIL 1, NAME 1\n"
 
 
@@ -299,7 +329,9 @@ def test_cli_reads_stdin_and_prints_json(
     assert code == 0
     assert err == ""
     document = json.loads(out)
-    assert document["text"] == "card <CARD>\n"
+    card = document["text"].removeprefix("card ").removesuffix("\n")
+    assert card != "4111 1111 1111 1111"
+    assert is_card_number(card.replace(" ", ""))
     assert document["report"] == {
         "total": 1,
         "counts": {"CARD": 1},

@@ -47,8 +47,9 @@ nothing; a late event changes exactly the items of its prompt.
 
 Provenance: `source_kind` "feedback", `source_ref` "feedback:" + the interactions and events
 the item came from, `ingestor_version` COMPILER_VERSION. Every text is redacted (each distinct
-text once per run) before it is hashed and stored, the counts going to `redaction_report`;
-two responses that differ only in what redaction removed make no pair. Content hashes are
+text once per run and prompt: the prompt's group key scopes its surrogates) before it is
+hashed and stored, the counts going to `redaction_report`; two responses that differ only in
+what redaction replaced make no pair. Content hashes are
 `content_sha256` of the stored (redacted) texts, so an item equal to one another source
 stored is left as that source wrote it. `minhash` and `duplicate_of_id` are left to the
 near-duplicate pass.

@@ -4,7 +4,8 @@ Rows arrive ordered by a prompt key (on PostgreSQL a 64-bit hash of the stored c
 so one prompt's rows are contiguous; within a key, rows are split by the conversation itself
 and merged by `group_key`, the content hash of the normalised conversation.
 
-Each distinct text is redacted and normalised once per run (`Texts`), and content hashes are
+Each distinct text is redacted and normalised once per run and prompt (`Texts`; the prompt's
+group key is the scope of its surrogates), and content hashes are
 computed from those normalised forms: `flywheel.signals.content.messages_digest` of them
 equals `content_sha256(kind, *raw)` because normalising is idempotent (a test holds the two
 equal), and it spares normalising a prompt's conversation once per item.
@@ -21,7 +22,8 @@ from typing import Any
 
 import orjson
 
-from flywheel.redaction import redact
+from flywheel.redaction import Span, Surrogates, apply, find_spans
+from flywheel.redaction.keys import redaction_key
 from flywheel.signals.compile.evidence import COMPARISON, CORRECTION, SCORE, TIES, Row
 from flywheel.signals.compile.rules import PromptEvidence, Scores, Verdicts, Votes
 from flywheel.signals.compile.writer import Writer
@@ -33,31 +35,53 @@ TEXT_CACHE_SIZE = 200_000
 
 @dataclass(frozen=True, slots=True)
 class Clean:
-    """A text as stored: redacted, its placeholder counts, and its normalised form."""
+    """A text as stored: redacted (surrogates in place of what was found), its placeholder
+    counts, its normalised form, and the normalised form with typed placeholders instead of
+    surrogates (what tells two responses apart by more than what redaction replaced)."""
 
     text: str
     counts: dict[str, int]
     normal: str
+    typed: str
 
 
 class Texts:
-    """`redact` and `normalise_text`, each distinct text once per run (a cache is emptied
-    when it holds TEXT_CACHE_SIZE texts, to bound memory). Only texts that reach an item are
-    redacted."""
+    """`redact` and `normalise_text`, each distinct text once per run and prompt (a cache is
+    emptied when it holds TEXT_CACHE_SIZE texts, to bound memory); a text without finds is the
+    same in every prompt and done once per run. Only texts that reach an item are redacted.
+    The prompt's group key is the scope of its surrogates."""
 
     def __init__(self) -> None:
-        self.clean: dict[str, Clean] = {}
+        self.plain: dict[str, Clean] = {}
+        self.scoped: dict[tuple[str, str], Clean] = {}
+        self.finds: dict[str, list[Span]] = {}
         self.normals: dict[str, str] = {}
 
-    def __call__(self, raw: str) -> Clean:
-        found = self.clean.get(raw)
-        if found is None:
-            if len(self.clean) >= TEXT_CACHE_SIZE:
-                self.clean.clear()
-            redaction = redact(raw)
-            normal = normalise_text(redaction.text) if redaction.counts else self.normal(raw)
-            found = Clean(redaction.text, redaction.counts, normal)
-            self.clean[raw] = found
+    def __call__(self, raw: str, scope: str = "") -> Clean:
+        found = self.plain.get(raw) or self.scoped.get((scope, raw))
+        if found is not None:
+            return found
+        spans = self.finds.get(raw)
+        if spans is None:
+            if len(self.finds) >= TEXT_CACHE_SIZE:
+                self.finds.clear()
+            spans = self.finds[raw] = find_spans(raw)
+        if not spans:
+            if len(self.plain) >= TEXT_CACHE_SIZE:
+                self.plain.clear()
+            normal = self.normal(raw)
+            found = self.plain[raw] = Clean(raw, {}, normal, normal)
+            return found
+        if len(self.scoped) >= TEXT_CACHE_SIZE:
+            self.scoped.clear()
+        redaction = apply(raw, spans, Surrogates(redaction_key(), scope))
+        found = Clean(
+            redaction.text,
+            redaction.counts,
+            normalise_text(redaction.text),
+            normalise_text(redaction.typed),
+        )
+        self.scoped[(scope, raw)] = found
         return found
 
     def normal(self, raw: str) -> str:
@@ -104,24 +128,28 @@ def group_key_of(messages_json: str) -> str:
 
 def _prompt(messages_json: str, texts: Texts) -> Prompt:
     messages = orjson.loads(messages_json)
+    normal = [
+        _normal_message(message, texts.normal(message["content"]), texts) for message in messages
+    ]
+    normal_json = orjson.dumps(normal)
+    group_key = messages_digest("prompt", normal_json)  # the conversation as sent
     counts: Counter[str] = Counter()
-    stored, normal = [], []
-    for message in messages:
-        clean = texts(message["content"])
+    cleans = [texts(message["content"], group_key) for message in messages]
+    for clean in cleans:
         counts.update(clean.counts)
-        stored.append({**message, "content": clean.text})
-        normal.append(_normal_message(message, clean.normal, texts))
-    normal_json = raw_normal_json = orjson.dumps(normal)
     if counts:  # the conversation as stored differs from the one that defines the group
+        stored = [
+            {**message, "content": clean.text}
+            for message, clean in zip(messages, cleans, strict=True)
+        ]
         messages_json = orjson.dumps(stored).decode()
-        raw_normal_json = orjson.dumps(
-            [
-                _normal_message(message, texts.normal(message["content"]), texts)
-                for message in messages
-            ]
-        )
+        normal = [
+            _normal_message(message, clean.normal, texts)
+            for message, clean in zip(messages, cleans, strict=True)
+        ]
+        normal_json = orjson.dumps(normal)
     return Prompt(
-        group_key=messages_digest("prompt", raw_normal_json),
+        group_key=group_key,
         messages_json=messages_json,
         normal_messages=normal,
         normal_json=normal_json,
@@ -174,8 +202,9 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
     staged: Counter[str] = Counter()
     messages = prompt.normal_json
     for pair in verdicts.pairs:
-        chosen, rejected = texts(pair.chosen), texts(pair.rejected)
-        if chosen.normal == rejected.normal:
+        chosen = texts(pair.chosen, prompt.group_key)
+        rejected = texts(pair.rejected, prompt.group_key)
+        if chosen.typed == rejected.typed:
             continue  # the two differed only in what redaction removed
         content_sha256 = messages_digest("pair", messages, chosen.normal, rejected.normal)
         row: tuple[Any, ...] = (
@@ -187,7 +216,7 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
         )
         staged["pairs"] += writer.add("preference_pairs", row)
     for example in verdicts.sft:
-        completion = texts(example.completion)
+        completion = texts(example.completion, prompt.group_key)
         content_sha256 = messages_digest("sft", messages, completion.normal)
         row = (
             *_provenance(prompt, example.refs, (completion,), example.weight, content_sha256),
@@ -196,7 +225,7 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
         )
         staged["sft"] += writer.add("sft_examples", row)
     for label in verdicts.labels:
-        completion = texts(label.completion)
+        completion = texts(label.completion, prompt.group_key)
         content_sha256 = messages_digest("label", messages, completion.normal, label.is_desirable)
         row = (
             *_provenance(prompt, label.refs, (completion,), label.weight, content_sha256),
