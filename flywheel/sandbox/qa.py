@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import gzip
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,6 +76,12 @@ def _unusable(task: TaskSpec, reason: str) -> QaResult:
     return QaResult(task.task_id, "unusable", reason)
 
 
+# CPython 3.11 keeps ast.parse's recursion count per interpreter, not per thread: two threads
+# parsing at once (verifier QA runs tasks in a thread pool) can fail with "SystemError: AST
+# constructor recursion depth mismatch", which stopped a 89-task run here. One at a time.
+_PARSE_LOCK = threading.Lock()
+
+
 def trivial_solutions(prompt: str) -> Iterator[tuple[str, str]]:
     """The stub as given, and with a body of `pass` or `return None` — those that parse."""
     stub = prompt if prompt.endswith("\n") else prompt + "\n"
@@ -84,7 +91,8 @@ def trivial_solutions(prompt: str) -> Iterator[tuple[str, str]]:
         ("return None", stub + "    return None\n"),
     ):
         try:
-            ast.parse(code)
+            with _PARSE_LOCK:
+                ast.parse(code)
         except SyntaxError:
             continue
         yield name, code
