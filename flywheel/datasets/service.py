@@ -37,8 +37,10 @@ from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked, insert_ignoring_conflicts
 from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
+from flywheel.datasets.eval_size import eval_size_warnings
 from flywheel.datasets.items import KINDS, Item, eligible_items, prompt_keys
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
+from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import domain_lock, utcnow
 from flywheel.errors import InvalidInput, NotFound
@@ -101,19 +103,38 @@ class Built:
     version: DatasetVersion
     is_new: bool
     stats: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    """One line per problem with the splits, with its fix (flywheel.datasets.eval_size)."""
 
 
 def build_dataset_version(
     *, session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: DatasetRecipe
 ) -> Built:
-    """Build the domain's next version (or find that nothing changed)."""
+    """Build the domain's next version (or find that nothing changed), with warnings when
+    its eval split is too small to gate on."""
     recipe.check()
+    domain = session.get_one(Domain, domain_id)
+    min_eval_items = dataset_settings(domain).min_eval_items
+    built = _build(session, tenant_id, domain_id, recipe, min_eval_items)
+    built.warnings = eval_size_warnings(
+        session, domain, built.version, min_eval_items=min_eval_items
+    )
+    return built
+
+
+def _build(
+    session: Session,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    recipe: DatasetRecipe,
+    min_eval_items: int,
+) -> Built:
     domain_lock(session, domain_id, "dataset-build")
     parent = latest_version(session=session, domain_id=domain_id)
     history = _History.load(session, domain_id)
     eligible = list(eligible_items(session, domain_id))
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
-    splits = _assign(session, domain_id, recipe, history, eligible)
+    splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     number = (parent.version + 1) if parent else 1
     evaluation, train, stats = _choose([*eligible, *mixed], splits, history, recipe, number)
     if (
@@ -131,6 +152,7 @@ def build_dataset_version(
     train, contaminated = _decontaminate(train, [*evaluation, *their_eval], recipe)
     stats["contaminated"] = dict(contaminated)
     stats["builder"] = BUILDER
+    stats["min_eval_items"] = min_eval_items
     ordered = {"eval": _ordered(evaluation, "none"), "train": _ordered(train, recipe.curriculum)}
     manifest, eval_sha256 = _manifest(ordered, recipe)
     if parent is not None and parent.manifest_sha256 == manifest:
@@ -330,9 +352,11 @@ def _assign(
     session: Session,
     domain_id: uuid.UUID,
     recipe: DatasetRecipe,
-    history: _History,
     eligible: list[Item],
+    min_eval_items: int,
 ) -> _Splits:
+    """Place the groups no build placed yet: new groups fill eval first while the eval groups
+    hold fewer eligible items than the domain's minimum, then the recipe's fraction."""
     assigned: dict[str, Split] = {
         group_key: cast(Split, split)
         for group_key, split in session.execute(
@@ -341,8 +365,15 @@ def _assign(
             )
         )
     }
+    sizes = Counter(item.group_key for item in eligible)
+    in_eval = sum(count for key, count in sizes.items() if assigned.get(key) == "eval")
     new = assign_groups(
-        domain_id, assigned, (item.group_key for item in eligible), recipe.eval_fraction
+        domain_id,
+        assigned,
+        sizes,
+        recipe.eval_fraction,
+        eval_shortfall=max(0, min_eval_items - in_eval),
+        sizes=sizes,
     )
     return _Splits(assigned, new)
 
