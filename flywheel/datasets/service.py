@@ -25,21 +25,21 @@ the manifest hash; a changed mix makes a new version even when no item is new.
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from sqlalchemy import Table, select, update
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked, insert_ignoring_conflicts
-from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
 from flywheel.datasets.eval_size import eval_size_warnings
-from flywheel.datasets.items import KINDS, Item, eligible_items, prompt_keys
+from flywheel.datasets.items import KINDS, Item, eligible_items
+from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
+from flywheel.datasets.overlap import decontaminate, withhold_trained
 from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import domain_lock, utcnow
@@ -54,10 +54,6 @@ MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
 BUILDER = 2
 """The build rules' version, kept in each version's stats: a version built by older rules (1:
 before prompt keys kept eval prompts out of train) is rebuilt even when no item is new."""
-PROMPT_KEY: Final = "prompt_key"
-"""Exclusion reason: a train item asks an eval item's question (the same prompt key)."""
-PROMPT_TRAINED: Final = "prompt_trained"
-"""Withheld from eval: a new eval item asks what an earlier version trained on."""
 
 
 @dataclass(frozen=True)
@@ -145,19 +141,22 @@ def _build(
         and parent.stats.get("builder") == BUILDER
     ):
         return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
-    evaluation, stats["withheld_from_eval"] = _withhold_trained(
-        session, domain_id, evaluation, history
+    evaluation, stats["withheld_from_eval"] = withhold_trained(
+        session, domain_id, evaluation, history.evaluated
     )
     train, stats["source_weighted_out"] = _source_weighted(train, recipe.source_weights)
-    train, contaminated = _decontaminate(train, [*evaluation, *their_eval], recipe)
+    train, contaminated = decontaminate(train, [*evaluation, *their_eval], recipe)
     stats["contaminated"] = dict(contaminated)
     stats["builder"] = BUILDER
     stats["min_eval_items"] = min_eval_items
-    ordered = {"eval": _ordered(evaluation, "none"), "train": _ordered(train, recipe.curriculum)}
-    manifest, eval_sha256 = _manifest(ordered, recipe)
+    ordered = {
+        "eval": order_items(evaluation, "none"),
+        "train": order_items(train, recipe.curriculum),
+    }
+    manifest, eval_sha256 = manifest_hashes(ordered, recipe)
     if parent is not None and parent.manifest_sha256 == manifest:
         return Built(parent, is_new=False, stats=parent.stats)
-    stats |= _split_counts(ordered)
+    stats |= split_counts(ordered)
     version = DatasetVersion(
         tenant_id=tenant_id,
         domain_id=domain_id,
@@ -408,93 +407,6 @@ def _drawn(salt: str, item: Item, fraction: float) -> bool:
     """A deterministic sample: the same salt and fraction draw the same items."""
     digest = hashlib.sha256(f"{salt}\n{item.content_sha256}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
-
-
-def _withhold_trained(
-    session: Session, domain_id: uuid.UUID, evaluation: list[Item], history: _History
-) -> tuple[list[Item], dict[str, int]]:
-    """The eval items, less the new ones whose prompt an earlier version of the domain trained
-    on (a model of that lineage would be scored on what it saw): they stay in their eval group
-    and out of train, counted by reason."""
-    new = {(item.kind, item.id) for item in evaluation} - history.evaluated
-    if not new:
-        return evaluation, {}
-    versions = session.scalars(
-        select(DatasetVersion.id).where(DatasetVersion.domain_id == domain_id)
-    )
-    trained = prompt_keys(session, list(versions), "train")
-    kept = [
-        item
-        for item in evaluation
-        if (item.kind, item.id) not in new or item.prompt_key not in trained
-    ]
-    withheld = len(evaluation) - len(kept)
-    return kept, {PROMPT_TRAINED: withheld} if withheld else {}
-
-
-def _decontaminate(
-    train: list[Item], evaluation: list[Item], recipe: DatasetRecipe
-) -> tuple[list[Item], Counter[str]]:
-    """Drop train items that overlap the eval set; the reasons, counted. First the exact
-    prompt key (the same question, whatever the answer: catches the short prompts n-grams
-    cannot), then n-gram overlap and near-duplicates, both sides signed from the same
-    one-field text (stored signatures differ per table)."""
-    eval_keys = {item.prompt_key for item in evaluation}
-    kept_by_key = [item for item in train if item.prompt_key not in eval_keys]
-    reasons = Counter({PROMPT_KEY: len(train) - len(kept_by_key)})  # `+` below drops a 0
-    train = kept_by_key
-    config = DecontaminationConfig(
-        ngram_words=recipe.ngram, near_duplicate_threshold=recipe.near_duplicate_threshold
-    )
-    index = EvalIndex.build(((item.text, None) for item in evaluation), config)
-    dropped = dict(
-        index.contaminated((position, item.text, None) for position, item in enumerate(train))
-    )
-    kept = [item for position, item in enumerate(train) if position not in dropped]
-    return kept, reasons + Counter(dropped.values())
-
-
-def _ordered(items: list[Item], curriculum: str) -> list[Item]:
-    """Tasks easy first (highest pass rate; unknown difficulty last) when asked, then
-    everything else; ties broken by content hash, so the order is reproducible."""
-    if curriculum == "easy_first":
-        return sorted(items, key=lambda item: (_ease(item), item.kind, item.content_sha256))
-    return sorted(items, key=lambda item: (item.kind, item.content_sha256))
-
-
-def _ease(item: Item) -> float:
-    if item.kind != "task":
-        return 2.0
-    return -item.difficulty if item.difficulty is not None else 1.0
-
-
-def _manifest(ordered: dict[str, list[Item]], recipe: DatasetRecipe) -> tuple[str, str]:
-    """The version's hash (recipe and every item, in order) and its eval split's hash."""
-    eval_hash = _hash_lines(_lines("eval", ordered["eval"]))
-    everything = [json.dumps(asdict(recipe), sort_keys=True)]
-    everything += [*_lines("eval", ordered["eval"]), *_lines("train", ordered["train"])]
-    return _hash_lines(everything), eval_hash
-
-
-def _lines(split: str, items: Iterable[Item]) -> list[str]:
-    return [f"{split}\t{item.kind}\t{item.content_sha256}\t{item.weight:.9g}" for item in items]
-
-
-def _hash_lines(lines: Iterable[str]) -> str:
-    digest = hashlib.sha256()
-    for line in lines:
-        digest.update(line.encode() + b"\n")
-    return digest.hexdigest()
-
-
-def _split_counts(ordered: dict[str, list[Item]]) -> dict[str, Any]:
-    return {
-        split: dict(Counter(item.kind for item in items)) for split, items in ordered.items()
-    } | {
-        "groups": {
-            split: len({item.group_key for item in items}) for split, items in ordered.items()
-        }
-    }
 
 
 def _record_groups(

@@ -41,8 +41,9 @@ class EvalReadiness:
 def gate_min_items(config: Mapping[str, Any]) -> int:
     """The gate's minimum for the domain: its `gate.min_items`, else the default."""
     configured = (config.get("gate") or {}).get("min_items")
-    is_count = isinstance(configured, int) and not isinstance(configured, bool)
-    return configured if is_count and configured >= 1 else DEFAULT_MIN_ITEMS
+    if isinstance(configured, int) and not isinstance(configured, bool) and configured >= 1:
+        return configured
+    return DEFAULT_MIN_ITEMS  # a bad value is refused when the gate's policy is built
 
 
 def eval_readiness(eval_counts: Mapping[str, int], config: Mapping[str, Any]) -> EvalReadiness:
