@@ -145,7 +145,9 @@ def list_domains(tenant: str = TenantOption, as_json: bool = JsonOption) -> None
 def configure_domain(
     name: str = typer.Argument(..., help="The domain."),
     config_file: Path = typer.Option(
-        ..., "--file", help="YAML or JSON: base_model, cycle, dataset, gate, primary_metric, auto_rollback."
+        ...,
+        "--file",
+        help="YAML or JSON: base_model, cycle, dataset, gate, primary_metric, auto_rollback.",
     ),
     tenant: str = TenantOption,
     as_json: bool = JsonOption,

@@ -20,6 +20,12 @@ evaluated on, and train is decontaminated against that domain's eval items too. 
 have a version of its own before it can be mixed in. `DatasetRecipe.source_weights` scales train
 items' weights by their source kind (0 leaves a source out). Both are part of the recipe, so of
 the manifest hash; a changed mix makes a new version even when no item is new.
+
+Small domains: the recipe's eval fraction places only groups no build placed yet, and a
+domain's `dataset.min_eval_items` (flywheel.datasets.settings) makes new groups fill eval first
+while its eval groups hold fewer items (the minimum used is kept in the stats). A build whose
+eval split is empty or below the gate's minimum returns warnings with the fix
+(`Built.warnings`, flywheel.datasets.eval_size).
 """
 
 from __future__ import annotations

@@ -217,14 +217,14 @@ def test_a_bad_dataset_config_stored_before_is_refused_at_build(
 ) -> None:
     with unit_of_work(sessions) as session:
         session.execute(update(Domain).values(config={"dataset": {"min_eval_items": -2}}))
-    with pytest.raises(InvalidInput, match="billing's dataset config: min_eval_items"):
-        with unit_of_work(sessions) as session:
-            build_dataset_version(
-                session=session,
-                tenant_id=acme.tenant_id,
-                domain_id=domain_of(sessions, acme),
-                recipe=DatasetRecipe(),
-            )
+    domain_id = domain_of(sessions, acme)
+    with (
+        pytest.raises(InvalidInput, match="billing's dataset config: min_eval_items"),
+        unit_of_work(sessions) as session,
+    ):
+        build_dataset_version(
+            session=session, tenant_id=acme.tenant_id, domain_id=domain_id, recipe=DatasetRecipe()
+        )
 
 
 def test_eval_stops_before_scoring_an_empty_eval_split(
