@@ -139,19 +139,17 @@ def _build(
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     number = (parent.version + 1) if parent else 1
     evaluation, train, stats = _choose([*eligible, *mixed], splits, history, recipe, number)
-    if (
-        parent is not None
-        and not stats["new"]
-        and not stats["new_eval"]
-        and _same_mix(parent, recipe)
-        and parent.stats.get("builder") == BUILDER
-    ):
+    is_same = parent is not None and _is_same_recipe(parent, recipe)
+    if parent is not None and is_same and not stats["new"] and not stats["new_eval"]:
         return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
     evaluation, stats["withheld_from_eval"] = withhold_trained(
         session, domain_id, evaluation, history.evaluated
     )
     train, stats["source_weighted_out"] = _source_weighted(train, recipe.source_weights)
     train, contaminated = decontaminate(train, [*evaluation, *their_eval], recipe)
+    if parent is not None and is_same and not _has_new(evaluation, train, history):
+        # what was new was left out again (withheld, weighted out, contaminated): no new version
+        return Built(parent, is_new=False, stats=parent.stats)
     stats["contaminated"] = dict(contaminated)
     stats["builder"] = BUILDER
     stats["min_eval_items"] = min_eval_items
@@ -276,6 +274,18 @@ class _History:
             if split == "eval":
                 evaluated.add((kind, item_id))
         return cls(seen, evaluated)
+
+
+def _is_same_recipe(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:
+    """Whether the parent was built by these rules with this mix (see `_same_mix`)."""
+    return _same_mix(parent, recipe) and parent.stats.get("builder") == BUILDER
+
+
+def _has_new(evaluation: list[Item], train: list[Item], history: _History) -> bool:
+    """Whether the splits hold an item no earlier version held there."""
+    return any((item.kind, item.id) not in history.evaluated for item in evaluation) or any(
+        (item.kind, item.id) not in history.seen for item in train
+    )
 
 
 def _same_mix(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:
