@@ -10,6 +10,7 @@ import typer
 import yaml
 
 from flywheel.cli.common import JsonOption, database_session, emit, settings
+from flywheel.datasets.settings import dataset_settings
 from flywheel.errors import InvalidInput
 from flywheel.scheduling.config import cycle_settings
 from flywheel.tenancy import service
@@ -144,7 +145,9 @@ def list_domains(tenant: str = TenantOption, as_json: bool = JsonOption) -> None
 def configure_domain(
     name: str = typer.Argument(..., help="The domain."),
     config_file: Path = typer.Option(
-        ..., "--file", help="YAML or JSON: base_model, cycle, gate, primary_metric, auto_rollback."
+        ...,
+        "--file",
+        help="YAML or JSON: base_model, cycle, dataset, gate, primary_metric, auto_rollback.",
     ),
     tenant: str = TenantOption,
     as_json: bool = JsonOption,
@@ -161,5 +164,6 @@ def configure_domain(
         domain = get_domain(session, owner.id, name)
         domain.config = config
         cycle_settings(domain)  # a bad cycle section fails here, before anything is stored
+        dataset_settings(domain)  # and so does a bad dataset section
         data = {"name": domain.name, "config": config}
     emit(data, as_json=as_json, text=f"configured {tenant}/{name}")

@@ -67,8 +67,34 @@ def build(
             session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
         )
         data = _version_json(built.version, domain) | {"is_new": built.is_new}
-    verb = "built" if built.is_new else "nothing new since"
-    emit(data, as_json=as_json, text=f"{verb} {domain} v{data['version']}: {data['stats']}")
+    data["warnings"] = built.warnings
+    emit(data, as_json=as_json, text=_build_line(built, domain))
+    if not as_json:
+        for warning in built.warnings:
+            sys.stderr.write(f"warning: {warning}\n")
+
+
+def _build_line(built: service.Built, domain: str) -> str:
+    """What a build did, in one line: the splits' items by kind and their groups."""
+    stats = built.version.stats or {}
+    groups = stats.get("groups") or {}
+    splits = "; ".join(
+        f"{split} {_counts(stats.get(split) or {})} in {groups.get(split, 0)} groups"
+        for split in ("train", "eval")
+    )
+    number = built.version.version
+    if built.is_new:
+        return f"built {domain} v{number}: {splits}"
+    return (
+        f"nothing new since {domain} v{number} ({splits}): no new eligible item, and groups "
+        "already placed keep their split (an eval fraction or minimum places new groups only)"
+    )
+
+
+def _counts(by_kind: dict[str, int]) -> str:
+    total = sum(by_kind.values())
+    kinds = ", ".join(f"{n} {kind}" for kind, n in sorted(by_kind.items()))
+    return f"{total} items ({kinds})" if kinds else "0 items"
 
 
 def _pairs(option: str, values: list[str]) -> dict[str, float]:

@@ -20,25 +20,33 @@ evaluated on, and train is decontaminated against that domain's eval items too. 
 have a version of its own before it can be mixed in. `DatasetRecipe.source_weights` scales train
 items' weights by their source kind (0 leaves a source out). Both are part of the recipe, so of
 the manifest hash; a changed mix makes a new version even when no item is new.
+
+Small domains: the recipe's eval fraction places only groups no build placed yet, and a
+domain's `dataset.min_eval_items` (flywheel.datasets.settings) makes new groups fill eval first
+while its eval groups hold fewer items (the minimum used is kept in the stats). A build whose
+eval split is empty or below the gate's minimum returns warnings with the fix
+(`Built.warnings`, flywheel.datasets.eval_size).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Final, cast
+from typing import Any, cast
 
 from sqlalchemy import Table, select, update
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked, insert_ignoring_conflicts
-from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
-from flywheel.datasets.items import KINDS, Item, eligible_items, prompt_keys
+from flywheel.datasets.eval_size import eval_size_warnings
+from flywheel.datasets.items import KINDS, Item, eligible_items
+from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
+from flywheel.datasets.overlap import decontaminate, withhold_trained
+from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import domain_lock, utcnow
 from flywheel.errors import InvalidInput, NotFound
@@ -52,10 +60,6 @@ MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
 BUILDER = 2
 """The build rules' version, kept in each version's stats: a version built by older rules (1:
 before prompt keys kept eval prompts out of train) is rebuilt even when no item is new."""
-PROMPT_KEY: Final = "prompt_key"
-"""Exclusion reason: a train item asks an eval item's question (the same prompt key)."""
-PROMPT_TRAINED: Final = "prompt_trained"
-"""Withheld from eval: a new eval item asks what an earlier version trained on."""
 
 
 @dataclass(frozen=True)
@@ -101,41 +105,62 @@ class Built:
     version: DatasetVersion
     is_new: bool
     stats: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    """One line per problem with the splits, with its fix (flywheel.datasets.eval_size)."""
 
 
 def build_dataset_version(
     *, session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: DatasetRecipe
 ) -> Built:
-    """Build the domain's next version (or find that nothing changed)."""
+    """Build the domain's next version (or find that nothing changed), with warnings when
+    its eval split is too small to gate on."""
     recipe.check()
+    domain = session.get_one(Domain, domain_id)
+    min_eval_items = dataset_settings(domain).min_eval_items
+    built = _build(session, tenant_id, domain_id, recipe, min_eval_items)
+    built.warnings = eval_size_warnings(
+        session, domain, built.version, min_eval_items=min_eval_items
+    )
+    return built
+
+
+def _build(
+    session: Session,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    recipe: DatasetRecipe,
+    min_eval_items: int,
+) -> Built:
     domain_lock(session, domain_id, "dataset-build")
     parent = latest_version(session=session, domain_id=domain_id)
     history = _History.load(session, domain_id)
     eligible = list(eligible_items(session, domain_id))
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
-    splits = _assign(session, domain_id, recipe, history, eligible)
+    splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     number = (parent.version + 1) if parent else 1
     evaluation, train, stats = _choose([*eligible, *mixed], splits, history, recipe, number)
-    if (
-        parent is not None
-        and not stats["new"]
-        and not stats["new_eval"]
-        and _same_mix(parent, recipe)
-        and parent.stats.get("builder") == BUILDER
-    ):
+    is_same = parent is not None and _is_same_recipe(parent, recipe)
+    if parent is not None and is_same and not stats["new"] and not stats["new_eval"]:
         return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
-    evaluation, stats["withheld_from_eval"] = _withhold_trained(
-        session, domain_id, evaluation, history
+    evaluation, stats["withheld_from_eval"] = withhold_trained(
+        session, domain_id, evaluation, history.evaluated
     )
     train, stats["source_weighted_out"] = _source_weighted(train, recipe.source_weights)
-    train, contaminated = _decontaminate(train, [*evaluation, *their_eval], recipe)
+    train, contaminated = decontaminate(train, [*evaluation, *their_eval], recipe)
+    if parent is not None and is_same and not _has_new(evaluation, train, history):
+        # what was new was left out again (withheld, weighted out, contaminated): no new version
+        return Built(parent, is_new=False, stats=parent.stats)
     stats["contaminated"] = dict(contaminated)
     stats["builder"] = BUILDER
-    ordered = {"eval": _ordered(evaluation, "none"), "train": _ordered(train, recipe.curriculum)}
-    manifest, eval_sha256 = _manifest(ordered, recipe)
+    stats["min_eval_items"] = min_eval_items
+    ordered = {
+        "eval": order_items(evaluation, "none"),
+        "train": order_items(train, recipe.curriculum),
+    }
+    manifest, eval_sha256 = manifest_hashes(ordered, recipe)
     if parent is not None and parent.manifest_sha256 == manifest:
         return Built(parent, is_new=False, stats=parent.stats)
-    stats |= _split_counts(ordered)
+    stats |= split_counts(ordered)
     version = DatasetVersion(
         tenant_id=tenant_id,
         domain_id=domain_id,
@@ -251,6 +276,18 @@ class _History:
         return cls(seen, evaluated)
 
 
+def _is_same_recipe(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:
+    """Whether the parent was built by these rules with this mix (see `_same_mix`)."""
+    return _same_mix(parent, recipe) and parent.stats.get("builder") == BUILDER
+
+
+def _has_new(evaluation: list[Item], train: list[Item], history: _History) -> bool:
+    """Whether the splits hold an item no earlier version held there."""
+    return any((item.kind, item.id) not in history.evaluated for item in evaluation) or any(
+        (item.kind, item.id) not in history.seen for item in train
+    )
+
+
 def _same_mix(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:
     """Whether the parent was mixed and weighted as the recipe asks (a changed mix makes a
     new version even when no item is new; the other fields only act on new items)."""
@@ -330,9 +367,11 @@ def _assign(
     session: Session,
     domain_id: uuid.UUID,
     recipe: DatasetRecipe,
-    history: _History,
     eligible: list[Item],
+    min_eval_items: int,
 ) -> _Splits:
+    """Place the groups no build placed yet: new groups fill eval first while the eval groups
+    hold fewer eligible items than the domain's minimum, then the recipe's fraction."""
     assigned: dict[str, Split] = {
         group_key: cast(Split, split)
         for group_key, split in session.execute(
@@ -341,8 +380,15 @@ def _assign(
             )
         )
     }
+    sizes = Counter(item.group_key for item in eligible)
+    in_eval = sum(count for key, count in sizes.items() if assigned.get(key) == "eval")
     new = assign_groups(
-        domain_id, assigned, (item.group_key for item in eligible), recipe.eval_fraction
+        domain_id,
+        assigned,
+        sizes,
+        recipe.eval_fraction,
+        eval_shortfall=max(0, min_eval_items - in_eval),
+        sizes=sizes,
     )
     return _Splits(assigned, new)
 
@@ -377,93 +423,6 @@ def _drawn(salt: str, item: Item, fraction: float) -> bool:
     """A deterministic sample: the same salt and fraction draw the same items."""
     digest = hashlib.sha256(f"{salt}\n{item.content_sha256}".encode()).digest()
     return int.from_bytes(digest[:8], "big") / 2**64 < fraction
-
-
-def _withhold_trained(
-    session: Session, domain_id: uuid.UUID, evaluation: list[Item], history: _History
-) -> tuple[list[Item], dict[str, int]]:
-    """The eval items, less the new ones whose prompt an earlier version of the domain trained
-    on (a model of that lineage would be scored on what it saw): they stay in their eval group
-    and out of train, counted by reason."""
-    new = {(item.kind, item.id) for item in evaluation} - history.evaluated
-    if not new:
-        return evaluation, {}
-    versions = session.scalars(
-        select(DatasetVersion.id).where(DatasetVersion.domain_id == domain_id)
-    )
-    trained = prompt_keys(session, list(versions), "train")
-    kept = [
-        item
-        for item in evaluation
-        if (item.kind, item.id) not in new or item.prompt_key not in trained
-    ]
-    withheld = len(evaluation) - len(kept)
-    return kept, {PROMPT_TRAINED: withheld} if withheld else {}
-
-
-def _decontaminate(
-    train: list[Item], evaluation: list[Item], recipe: DatasetRecipe
-) -> tuple[list[Item], Counter[str]]:
-    """Drop train items that overlap the eval set; the reasons, counted. First the exact
-    prompt key (the same question, whatever the answer: catches the short prompts n-grams
-    cannot), then n-gram overlap and near-duplicates, both sides signed from the same
-    one-field text (stored signatures differ per table)."""
-    eval_keys = {item.prompt_key for item in evaluation}
-    kept_by_key = [item for item in train if item.prompt_key not in eval_keys]
-    reasons = Counter({PROMPT_KEY: len(train) - len(kept_by_key)})  # `+` below drops a 0
-    train = kept_by_key
-    config = DecontaminationConfig(
-        ngram_words=recipe.ngram, near_duplicate_threshold=recipe.near_duplicate_threshold
-    )
-    index = EvalIndex.build(((item.text, None) for item in evaluation), config)
-    dropped = dict(
-        index.contaminated((position, item.text, None) for position, item in enumerate(train))
-    )
-    kept = [item for position, item in enumerate(train) if position not in dropped]
-    return kept, reasons + Counter(dropped.values())
-
-
-def _ordered(items: list[Item], curriculum: str) -> list[Item]:
-    """Tasks easy first (highest pass rate; unknown difficulty last) when asked, then
-    everything else; ties broken by content hash, so the order is reproducible."""
-    if curriculum == "easy_first":
-        return sorted(items, key=lambda item: (_ease(item), item.kind, item.content_sha256))
-    return sorted(items, key=lambda item: (item.kind, item.content_sha256))
-
-
-def _ease(item: Item) -> float:
-    if item.kind != "task":
-        return 2.0
-    return -item.difficulty if item.difficulty is not None else 1.0
-
-
-def _manifest(ordered: dict[str, list[Item]], recipe: DatasetRecipe) -> tuple[str, str]:
-    """The version's hash (recipe and every item, in order) and its eval split's hash."""
-    eval_hash = _hash_lines(_lines("eval", ordered["eval"]))
-    everything = [json.dumps(asdict(recipe), sort_keys=True)]
-    everything += [*_lines("eval", ordered["eval"]), *_lines("train", ordered["train"])]
-    return _hash_lines(everything), eval_hash
-
-
-def _lines(split: str, items: Iterable[Item]) -> list[str]:
-    return [f"{split}\t{item.kind}\t{item.content_sha256}\t{item.weight:.9g}" for item in items]
-
-
-def _hash_lines(lines: Iterable[str]) -> str:
-    digest = hashlib.sha256()
-    for line in lines:
-        digest.update(line.encode() + b"\n")
-    return digest.hexdigest()
-
-
-def _split_counts(ordered: dict[str, list[Item]]) -> dict[str, Any]:
-    return {
-        split: dict(Counter(item.kind for item in items)) for split, items in ordered.items()
-    } | {
-        "groups": {
-            split: len({item.group_key for item in items}) for split, items in ordered.items()
-        }
-    }
 
 
 def _record_groups(

@@ -81,6 +81,8 @@ from flywheel.evaluation.paired import (
     sign_test,
 )
 
+DEFAULT_MIN_ITEMS = 30
+"""The fewest items scored on the primary metric the gate judges (`GatePolicy.min_items`)."""
 _ROUNDING = 1e-12
 """Slack on the secondary tolerance, so a drop of exactly the tolerance is not refused for a
 rounding error in the last bit of a mean."""
@@ -142,7 +144,7 @@ class GatePolicy:
         metadata={"help": "Per-slice tolerances, by slice label; others get slice_tolerance."},
     )
     min_items: int = field(
-        default=30,
+        default=DEFAULT_MIN_ITEMS,
         metadata={"help": "Fewer primary items than this: not enough evidence, not promoted."},
     )
     min_slice_items: int = field(
@@ -257,8 +259,10 @@ def _primary_reasons(interval: Interval, exact: SignTest | None, policy: GatePol
     metric = policy.primary_metric
     if interval.n < policy.min_items:
         return [
-            f"only {interval.n} items were scored on {metric}; "
-            f"the gate needs at least {policy.min_items}"
+            f"only {interval.n} items were scored on {metric}; the gate needs at least "
+            f"{policy.min_items} (its min_items): add eval data (new groups fill eval first up "
+            "to the domain's dataset.min_eval_items), lower the domain's gate.min_items for a "
+            "pilot, or promote anyway with `flywheel models promote --force`"
         ]
     reasons = []
     if interval.low <= 0:

@@ -58,6 +58,8 @@ from flywheel.evaluation.gate import (
     require_known_slices,
 )
 from flywheel.evaluation.lineage import check_lineage
+from flywheel.evaluation.readiness import PRIMARY_ORDER as PRIMARY_ORDER  # reporting reads it here
+from flywheel.evaluation.readiness import eval_readiness
 from flywheel.evaluation.slices import item_slices, slice_rules
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import ModelVersion
@@ -65,7 +67,6 @@ from flywheel.registry.service import current_champion
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain
 
-PRIMARY_ORDER = ("pass@1", "preference_accuracy", "exact_match")
 SLICE_FIELDS = ("slice", "n", "champion_mean", "challenger_mean", "tolerance", "judged",
                 "regressed")  # fmt: skip
 """Per slice, what an outcome shows of the gate's evidence: before (the rival) and after."""
@@ -191,10 +192,11 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
     dataset = latest_version(session=session, domain_id=domain.id, is_untainted=True)
     if dataset is None:
         raise InvalidState(f"{domain.name} has no untainted dataset version to evaluate on")
+    config: dict[str, Any] = dict(domain.config or {})
+    _require_scorable(dataset, domain.name, config)
     train_dataset_id = check_lineage(session, target, dataset, domain.name)
     champion = current_champion(session, domain.id)
     rival = champion if champion is not None and champion.id != target.id else None
-    config: dict[str, Any] = dict(domain.config or {})
     return _Plan(
         target.id,
         target.version,
@@ -206,6 +208,23 @@ def _plan(session: Session, request: EvalRequest) -> _Plan:
         train_dataset_id,
         config,
         _eval_slices(session, dataset, config),
+    )
+
+
+def _require_scorable(dataset: DatasetVersion, domain: str, config: dict[str, Any]) -> None:
+    """InvalidState, before anything is fetched or scored, when the eval split holds nothing
+    the gate can score."""
+    counts = (dataset.stats or {}).get("eval") or {}
+    readiness = eval_readiness(counts, config)
+    if readiness.scored:
+        return
+    held = ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "nothing"
+    metric = f" on {readiness.metric}" if readiness.metric else ""
+    raise InvalidState(
+        f"dataset v{dataset.version} of {domain} has no eval item to score{metric} (its eval "
+        f"split holds {held}): build a version with an eval split (`dataset: "
+        f"{{min_eval_items: {readiness.min_items}}}` in the domain's config makes new groups "
+        "fill eval first; groups already placed keep their split), then evaluate"
     )
 
 

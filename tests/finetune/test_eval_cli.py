@@ -12,6 +12,7 @@ from mlflow.tracking import MlflowClient
 from sqlalchemy import select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from flywheel.cli.evaluate import REFUSED
 from flywheel.datasets.reader import version_lineage
 from flywheel.db import unit_of_work
 from flywheel.models import Domain, ModelVersion
@@ -49,8 +50,8 @@ def test_eval_scores_gates_and_stores_the_decision(
         capsys, "eval", "--domain", "billing", "--max-new-tokens", "4", "--k", "2", "--json"
     )
 
-    assert code == 0, err
     result = json.loads(out)
+    assert code == (0 if result["is_promotable"] else REFUSED), err  # a refusal exits 3
     assert (result["version"], result["against"]) == ("1", "base")
     assert set(result["summary"]) >= {"exact_match", "preference_accuracy"}
     with sessions() as session:
@@ -73,3 +74,39 @@ def test_eval_scores_gates_and_stores_the_decision(
     tracking = f"sqlite:///{run_dir.parents[1] / 'mlflow.db'}"
     tags = MlflowClient(tracking_uri=tracking).get_model_version("acme.billing", "1").tags
     assert tags["flywheel.gate"].endswith("against base")
+
+
+def test_eval_exits_3_when_the_gate_refuses_and_explains_its_minimum(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    plain_base: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A gate minimum no eval set of this size meets: refused every time, whatever the scores;
+    the refusal says what minimum, what was there and how to fix it; --report-only exits 0."""
+    sessions = on_test_database
+    dataset = build_version(sessions, acme)
+    with unit_of_work(sessions) as session:
+        session.execute(update(Domain).values(config={"gate": {"min_items": 1000}}))
+    code, _, err = run_cli(
+        capsys, "train", "sft", "--domain", "billing", "--base", str(plain_base), *QUICK
+    )
+    assert code == 0, err
+    pairs = dataset.stats["eval"]["pair"]
+    args = ("eval", "--domain", "billing", "--max-new-tokens", "4", "--k", "2")
+
+    code, out, err = run_cli(capsys, *args)
+
+    assert code == REFUSED, err
+    assert "error:" not in err  # a refusal is an outcome, not an error
+    assert "billing v1 does not pass the gate against base" in out
+    assert (
+        f"  - only {pairs} items were scored on preference_accuracy; the gate needs at least "
+        "1000 (its min_items): add eval data"
+    ) in out
+    assert "`flywheel models promote --force`" in out
+
+    code, out, err = run_cli(capsys, *args, "--report-only", "--json")
+
+    assert code == 0, err
+    assert json.loads(out)["is_promotable"] is False

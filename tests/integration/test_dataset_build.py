@@ -211,6 +211,9 @@ def test_train_items_overlapping_eval_are_excluded_and_counted(
 
     assert built.stats["contaminated"] == {"ngram_overlap": 1}
     assert built.stats["train"] == {"sft": 2}
+    # the excluded item is not new signal: building again changes nothing
+    again = build(sessions, acme, DatasetRecipe(eval_fraction=0.3, replay_fraction=0.5))
+    assert (again.is_new, again.version.id) == (False, built.version.id)
 
 
 def test_the_manifest_moves_only_with_the_inputs(

@@ -4,12 +4,13 @@ same groups give the same split everywhere (properties checked with hypothesis).
 from __future__ import annotations
 
 import uuid
+from collections import Counter
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from flywheel.datasets.split import Split, assign_groups, hashed_split
+from flywheel.datasets.split import Split, assign_groups, hashed_split, position_of
 from flywheel.errors import InvalidInput
 
 DOMAIN = uuid.UUID("00000000-0000-4000-8000-000000000001")
@@ -89,3 +90,76 @@ def test_assigned_groups_are_never_revisited() -> None:
 def test_a_fraction_outside_zero_one_is_refused(fraction: float) -> None:
     with pytest.raises(InvalidInput, match="eval fraction"):
         hashed_split(DOMAIN, "g", fraction)
+
+
+def test_a_minimum_fills_eval_first_in_position_order() -> None:
+    """A pilot: 15 groups of 2 items; the fraction's own eval groups count towards the
+    minimum, and the next groups by position make up the rest."""
+    groups = [f"ticket:{number}" for number in range(15)]
+    by_position = sorted(groups, key=lambda key: position_of(DOMAIN, key))
+    natural = [key for key in groups if hashed_split(DOMAIN, key, 0.1) == "eval"]
+    sizes = dict.fromkeys(groups, 2)
+    wanted = 2 * len(natural) + 5  # three more groups: 6 items, the last one 1 past the minimum
+
+    placed = assign_groups(DOMAIN, {}, groups, 0.1, eval_shortfall=wanted, sizes=sizes)
+
+    assert [key for key in by_position if placed[key] == "eval"] == by_position[: len(natural) + 3]
+    assert placed == assign_groups(
+        DOMAIN, {}, reversed(groups), 0.1, eval_shortfall=wanted, sizes=sizes
+    )
+
+
+def test_a_minimum_never_moves_a_placed_group() -> None:
+    assigned: dict[str, Split] = {"old-1": "train", "old-2": "train"}
+    placed = assign_groups(DOMAIN, assigned, ["old-1", "old-2", "new-1", "new-2"], 0.0,
+                           eval_shortfall=1)  # fmt: skip
+    assert set(placed) == {"new-1", "new-2"}
+    assert sorted(placed.values()) == ["eval", "train"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    versions=st.lists(
+        st.tuples(
+            st.lists(st.tuples(st.text(max_size=6), st.text(max_size=3)), max_size=30),
+            FRACTIONS,
+            st.integers(min_value=0, max_value=20),
+        ),
+        min_size=1,
+        max_size=4,
+    )
+)
+def test_a_minimum_keeps_every_guarantee_and_is_met_when_new_groups_allow(
+    versions: list[tuple[list[tuple[str, str]], float, int]],
+) -> None:
+    """Successive builds, each with its own fraction and minimum (in items)."""
+    assigned: dict[str, Split] = {}
+    items: list[Item] = []
+    ever_eval: set[Item] = set()
+    ever_train_groups: set[str] = set()
+    for new_items, fraction, minimum in versions:
+        items += new_items
+        sizes = Counter(group for group, _ in set(items))
+        in_eval = sum(n for group, n in sizes.items() if assigned.get(group) == "eval")
+        new = assign_groups(DOMAIN, assigned, sizes, fraction,
+                            eval_shortfall=max(0, minimum - in_eval), sizes=sizes)  # fmt: skip
+        assert set(new).isdisjoint(assigned)
+        assigned.update(new)
+        splits: dict[str, set[Item]] = {"train": set(), "eval": set()}
+        for group, item in items:
+            splits[assigned[group]].add((group, item))
+        eval_groups = {group for group, _ in splits["eval"]}
+        assert ever_eval <= splits["eval"]
+        assert not ever_train_groups & eval_groups
+        is_all_new_in_eval = all(split == "eval" for split in new.values())
+        assert len(splits["eval"]) >= minimum or is_all_new_in_eval
+        # the minimum takes no more groups than it needs: without its last one it falls short
+        filled = sorted(
+            (key for key, split in new.items() if split == "eval" and
+             hashed_split(DOMAIN, key, fraction) == "train"),
+            key=lambda key: position_of(DOMAIN, key),
+        )  # fmt: skip
+        if filled:
+            assert len(splits["eval"]) - sizes[filled[-1]] < minimum
+        ever_eval |= splits["eval"]
+        ever_train_groups |= {group for group, _ in splits["train"]}

@@ -240,8 +240,15 @@ def test_unmeasured_canaries_are_noted_and_block_only_when_required() -> None:
 def test_too_few_items_is_refused() -> None:
     decision = decide(evaluation(first(10, 12)), evaluation(first(0, 12)), POLICY)
     assert not decision.is_promoted
-    assert decision.reasons == ["only 12 items were scored on pass@1; the gate needs at least 30"]
+    assert decision.reasons == [
+        "only 12 items were scored on pass@1; the gate needs at least 30 (its min_items): add "
+        "eval data (new groups fill eval first up to the domain's dataset.min_eval_items), "
+        "lower the domain's gate.min_items for a pilot, or promote anyway with "
+        "`flywheel models promote --force`"
+    ]
     assert decision.evidence["primary"]["passed"] is False
+    assert decision.evidence["item_count"] == 12
+    assert decision.evidence["policy"]["min_items"] == 30
 
 
 def test_first_adapter_is_judged_against_the_base_model_the_same_way() -> None:

@@ -205,6 +205,8 @@ class Writer:
         return int(found[0]), int(found[1])
 
     def _write_sqlite(self, table: str, rows: list[tuple[Any, ...]]) -> None:
+        if not rows:  # pysqlite reads an empty executemany as one row with no values
+            return
         columns = _columns(table)
         marks = ", ".join("?" for _ in columns)
         self.session.connection().exec_driver_sql(
