@@ -10,7 +10,7 @@ from api import examples
 from api.auth import require
 from api.database import in_transaction
 from api.openapi import READ_ERRORS, WRITE_ERRORS
-from api.schemas import DatasetVersionList, DatasetVersionRead, RecipeCreate
+from api.schemas import DatasetVersionBuilt, DatasetVersionList, DatasetVersionRead, RecipeCreate
 from flywheel.datasets import service
 from flywheel.datasets.models import DatasetVersion
 from flywheel.feedback.values import Name
@@ -39,10 +39,10 @@ async def list_datasets(
 @router.post(
     "/datasets/{domain}/versions",
     status_code=201,
-    response_model=DatasetVersionRead,
+    response_model=DatasetVersionBuilt,
     responses={
         **WRITE_ERRORS,
-        200: {"model": DatasetVersionRead, "description": "Nothing new."},
+        200: {"model": DatasetVersionBuilt, "description": "Nothing new."},
     },
     summary="Build the next dataset version",
     openapi_extra=examples.RECIPE,
@@ -55,13 +55,15 @@ async def build_dataset(
 ) -> Response:
     """Build the domain's next version from its signal (the body, optional, is the recipe;
     each field has the platform default): 201 with it, or 200 with the latest one when
-    nothing changed. Scope `models:write`."""
+    nothing changed; `warnings` say when its eval split is empty or below the gate's minimum,
+    and how to fix it. Scope `models:write`."""
     recipe = service.DatasetRecipe(**(body or RecipeCreate()).model_dump())
     built = await in_transaction(
         request, service.build_for, tenant_id=principal.tenant_id, domain=domain, recipe=recipe
     )
+    body = DatasetVersionBuilt(**_read(built.version, domain).model_dump(), warnings=built.warnings)
     return Response(
-        _read(built.version, domain).model_dump_json(),
+        body.model_dump_json(),
         status_code=201 if built.is_new else 200,
         media_type="application/json",
     )

@@ -231,6 +231,13 @@ class DatasetVersionRead(BaseModel):
     tainted_at: datetime | None
 
 
+class DatasetVersionBuilt(DatasetVersionRead):
+    warnings: list[str] = Field(
+        description="What the version lacks for evaluation (an empty or short eval split), "
+        "each with its fix; empty when nothing is short."
+    )
+
+
 class DatasetVersionList(BaseModel):
     items: list[DatasetVersionRead]
 
