@@ -61,9 +61,11 @@ async def build_dataset(
     built = await in_transaction(
         request, service.build_for, tenant_id=principal.tenant_id, domain=domain, recipe=recipe
     )
-    body = DatasetVersionBuilt(**_read(built.version, domain).model_dump(), warnings=built.warnings)
+    answer = DatasetVersionBuilt(
+        **_read(built.version, domain).model_dump(), warnings=built.warnings
+    )
     return Response(
-        body.model_dump_json(),
+        answer.model_dump_json(),
         status_code=201 if built.is_new else 200,
         media_type="application/json",
     )
