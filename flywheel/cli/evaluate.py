@@ -5,10 +5,14 @@ from __future__ import annotations
 
 import typer
 
-from flywheel.cli.common import JsonOption, database_sessions, emit, resolve_tenant_id, settings
-from flywheel.db import unit_of_work
-from flywheel.evaluation.service import EvalRequest, evaluate_version
-from flywheel.tenancy.service import get_domain
+from flywheel.cli.common import (
+    JsonOption,
+    database_sessions,
+    emit,
+    resolve_tenant_id,
+    settings,
+    step,
+)
 
 
 def evaluate(
@@ -22,11 +26,16 @@ def evaluate(
     as_json: bool = JsonOption,
 ) -> None:
     """Evaluate and gate; `flywheel models promote` then accepts a version that passed."""
+    from flywheel.db import unit_of_work
+    from flywheel.evaluation.service import EvalRequest, evaluate_version
+    from flywheel.tenancy.service import get_domain
+
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             found = get_domain(session, resolve_tenant_id(session, tenant), domain)
         request = EvalRequest(found, model_version, k, max_new_tokens)
-        outcome = evaluate_version(sessions, request, settings())
+        with step(f"evaluating {domain} (pass@{k})", is_quiet=as_json):
+            outcome = evaluate_version(sessions, request, settings())
     data = outcome.as_json()
     verdict = "passes the gate" if outcome.decision.is_promoted else "does not pass the gate"
     lines = [f"{domain} v{outcome.version} {verdict} against {outcome.against}"]

@@ -13,12 +13,7 @@ from flywheel.cli.common import (
     resolve_tenant_id,
     settings,
 )
-from flywheel.datasets.service import get_version
-from flywheel.db import unit_of_work
 from flywheel.errors import InvalidState
-from flywheel.tenancy.service import get_domain
-from flywheel.training.launcher import TrainRequest
-from flywheel.training.launcher import train as launch
 
 
 def train(
@@ -38,6 +33,12 @@ def train(
 ) -> None:
     """Export the dataset version, run the recipe as a subprocess, record the training run
     (and its MLflow run, which holds the adapter)."""
+    from flywheel.datasets.service import get_version
+    from flywheel.db import unit_of_work
+    from flywheel.tenancy.service import get_domain
+    from flywheel.training.launcher import TrainRequest
+    from flywheel.training.launcher import train as launch
+
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             found = get_domain(session, resolve_tenant_id(session, tenant), domain)
