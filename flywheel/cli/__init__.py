@@ -1,5 +1,6 @@
-"""The `flywheel` command line. Bad input exits with status 2 and one line on stderr; other
-failures (not found, conflicts, a refused state, an unreachable database) with status 1.
+"""The `flywheel` command line. Bad input (a wrong option or file, a name that does not
+exist) exits with status 2 and one line on stderr; other failures (a conflict, a refused
+state, an unreachable database) with status 1.
 
 Start-up stays light (`flywheel --help` in well under half a second): the command modules
 import only typer and the standard library at the top, and load the database, the services
@@ -33,7 +34,7 @@ from flywheel.cli import (
 )
 from flywheel.cli.console import quiet_third_parties
 from flywheel.demo.runner import demo_command
-from flywheel.errors import FlywheelError, InvalidInput
+from flywheel.errors import FlywheelError, InvalidInput, NotFound
 
 BAD_INPUT_EXIT = 2  # as for a usage error: the README's "one line, exit status 2"
 
@@ -137,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
     except typer.TyperException as error:
         _fail(error.format_message())
         return 2
-    except InvalidInput as error:
+    except (InvalidInput, NotFound) as error:
         _fail(error.message)
         return BAD_INPUT_EXIT
     except FlywheelError as error:

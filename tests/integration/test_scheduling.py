@@ -333,9 +333,9 @@ def test_runs_list_show_and_cancel_from_the_cli(
         1,
         f"error: run {run.id} has already finished (cancelled)",
     )
-    assert unknown[0] == 1
+    assert unknown[0] == 2
     assert "domain 'nope' not found" in unknown[2]
-    assert bad_status[0] == 1
+    assert bad_status[0] == 2
     assert "unknown status 'done'" in bad_status[2]
 
 
