@@ -43,9 +43,20 @@ JsonOption = typer.Option(False, "--json", help="Print the result as JSON.")
 
 
 def settings() -> Settings:
+    """The platform's settings; a bad FLYWHEEL_* value is bad input, in one line."""
+    from pydantic import ValidationError
+
     from flywheel.settings import Settings
 
-    return Settings()
+    try:
+        return Settings()
+    except ValidationError as error:
+        problems = [
+            f"FLYWHEEL_{'_'.join(map(str, problem['loc'])).upper()}: {problem['msg']}"
+            + (f" (not {problem['input']!r})" if problem.get("input") is not None else "")
+            for problem in error.errors(include_url=False)
+        ]
+        raise InvalidInput("bad setting " + "; ".join(problems)) from error
 
 
 # Set by `commands_use_sessions`; None: commands open the configured database.

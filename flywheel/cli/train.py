@@ -12,8 +12,11 @@ from flywheel.cli.common import (
     emit,
     resolve_tenant_id,
     settings,
+    step,
 )
-from flywheel.errors import InvalidState
+from flywheel.errors import InvalidInput, InvalidState
+
+TRAINER_BAD_INPUT_EXIT = 2  # `python -m finetune` refused its config, export or base model
 
 
 def train(
@@ -54,8 +57,11 @@ def train(
             overrides=tuple(overrides or ()),
             gpus=gpus,
         )
-        result = launch(sessions, request, settings())
+        with step(f"training {method} on {domain}", is_quiet=as_json):
+            result = launch(sessions, request, settings())
     data = result.as_json()
+    if result.exit_code == TRAINER_BAD_INPUT_EXIT:
+        raise InvalidInput(f"{result.error} (run {result.run_id}: nothing trained)")
     if result.status != "succeeded":
         raise InvalidState(f"training {result.status}: {result.error} (run {result.run_id})")
     emit(

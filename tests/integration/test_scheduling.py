@@ -352,7 +352,7 @@ def test_the_embedded_database_refuses_workers_and_triggers_in_one_line(
 
     assert (trigger[0], trigger[2]) == (1, f"error: {jobs.POSTGRES_ONLY}\n")
     assert (worker[0], worker[2]) == (1, f"error: {jobs.POSTGRES_ONLY}\n")
-    assert (bad_queue[0], bad_queue[2]) == (1, "error: unknown queue 'tpu': use gpu or cpu\n")
+    assert (bad_queue[0], bad_queue[2]) == (2, "error: unknown queue 'tpu': use gpu or cpu\n")
 
 
 # -- PostgreSQL: real jobs -----------------------------------------------------------------
