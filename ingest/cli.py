@@ -22,6 +22,7 @@ from flywheel.cli.common import (
     emit,
     progress_bar,
     resolve_tenant_id,
+    step,
 )
 from flywheel.errors import InvalidInput
 
@@ -76,7 +77,9 @@ def ingest_repo(
     """A code repository: functions its tests exercise become verifiable tasks."""
     from ingest.repo import RepositoryIngestor
 
-    with RepositoryIngestor(source, history=history) as repository:  # removes its clone
+    with step(f"reading {source}", is_quiet=as_json):
+        repository = RepositoryIngestor(source, history=history)  # clones, finds the source
+    with repository:  # removes its clone
         _run(repository, tenant, domain, as_json, verify=verify)
 
 

@@ -16,6 +16,7 @@ from flywheel.cli.common import (
     database_session,
     emit,
     resolve_tenant_id,
+    step,
 )
 from flywheel.errors import InvalidInput, NotFound
 
@@ -64,9 +65,10 @@ def build(
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
         domain_id = get_domain(session, tenant_id, domain).id
-        built = service.build_dataset_version(
-            session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
-        )
+        with step(f"building {domain}'s next version", is_quiet=as_json):
+            built = service.build_dataset_version(
+                session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
+            )
         data = _version_json(built.version, domain) | {"is_new": built.is_new}
     verb = "built" if built.is_new else "nothing new since"
     text = f"{verb} {domain} v{data['version']}\n{as_lines(data['stats'], indent='  ')}"
@@ -132,9 +134,10 @@ def export(
     with database_session() as session:
         found = _find_version(session, version, domain, tenant)
         domain_name = session.get_one(Domain, found.domain_id).name
-        summary = export_dataset_version(
-            session, found, domain_name, out, cast("Format", export_format)
-        )
+        with step(f"exporting v{found.version} of {domain_name}", is_quiet=as_json):
+            summary = export_dataset_version(
+                session, found, domain_name, out, cast("Format", export_format)
+            )
     files = {str(item.path): item.rows for item in summary.files}
     data = {
         "out": str(summary.out_dir),
