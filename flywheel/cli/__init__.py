@@ -32,7 +32,7 @@ from flywheel.cli import (
     verify,
     worker,
 )
-from flywheel.cli.console import quiet_third_parties
+from flywheel.cli.console import VERBOSE_VARIABLE, quiet_third_parties, stay_verbose
 from flywheel.demo.runner import demo_command
 from flywheel.errors import FlywheelError, InvalidInput, NotFound
 
@@ -55,14 +55,13 @@ def options(
     is_verbose: bool = typer.Option(
         False,
         "--verbose",
-        envvar="FLYWHEEL_VERBOSE",
+        envvar=VERBOSE_VARIABLE,
         help="Show third-party warnings, library logs and progress bars (a trainer's too) "
         "here; by default they go to <workspace>/flywheel.log.",
     ),
 ) -> None:
     """Flywheel: turn your LLM apps' usage into better models."""
-    if not is_verbose:
-        context.call_on_close(quiet_third_parties())
+    context.call_on_close(stay_verbose() if is_verbose else quiet_third_parties())
 
 
 app.command("init")(server.init)

@@ -25,14 +25,19 @@ if TYPE_CHECKING:
     from rich.console import Console
 
 LOG_FILE_NAME = "flywheel.log"
+VERBOSE_VARIABLE = "FLYWHEEL_VERBOSE"  # what `flywheel --verbose` sets
 
-# Read by tqdm, huggingface_hub, datasets and transformers when they load (here, or in a
-# subprocess such as the trainer or the evaluator, which inherits the environment).
+# Read by tqdm, huggingface_hub, datasets, transformers and MLflow when they load (here, or in
+# a subprocess such as the trainer or the evaluator, which inherits the environment); a value
+# the user set is kept. MLflow then logs through the root logger (so into the log file) and
+# downloads artifacts without a bar.
 QUIET_ENVIRONMENT = {
     "TQDM_DISABLE": "1",
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",
     "TRANSFORMERS_NO_ADVISORY_WARNINGS": "1",
+    "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false",
+    "MLFLOW_CONFIGURE_LOGGING": "false",
 }
 
 
@@ -92,14 +97,12 @@ class _Quiet:
 _stack: list[_Quiet] = []
 
 
-def is_quiet() -> bool:
-    """Whether third-party noise goes to the log file (the CLI without --verbose)."""
-    return bool(_stack)
-
-
 def quiet_third_parties() -> Callable[[], None]:
     """Send warnings, library log records and progress bars to the log file; returns what
-    undoes it (in-process callers, such as the demo and the tests, run many commands)."""
+    undoes it (in-process callers, such as the demo and the tests, run many commands). A
+    command run by another (the demo's steps) finds it done: nothing is logged twice."""
+    if _stack:
+        return lambda: None
     quiet = _Quiet(WorkspaceLog())
     for name, value in QUIET_ENVIRONMENT.items():
         quiet.environment[name] = os.environ.get(name)
@@ -116,13 +119,27 @@ def quiet_third_parties() -> Callable[[], None]:
         restore_output()
         logging.getLogger().removeHandler(quiet.handler)
         quiet.handler.close()
-        if not _stack:
-            logging.captureWarnings(False)
+        logging.captureWarnings(False)
         for name, value in quiet.environment.items():
             if value is None:
                 os.environ.pop(name, None)
             else:
                 os.environ[name] = value
+
+    return undo
+
+
+def stay_verbose() -> Callable[[], None]:
+    """--verbose: also for the commands this one runs in-process (the demo's steps), which
+    read FLYWHEEL_VERBOSE; returns what undoes it."""
+    before = os.environ.get(VERBOSE_VARIABLE)
+    os.environ[VERBOSE_VARIABLE] = "1"
+
+    def undo() -> None:
+        if before is None:
+            os.environ.pop(VERBOSE_VARIABLE, None)
+        else:
+            os.environ[VERBOSE_VARIABLE] = before
 
     return undo
 

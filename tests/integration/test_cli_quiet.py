@@ -234,3 +234,49 @@ def test_verbose_shows_third_party_noise(tmp_path: Path) -> None:
     assert "Some weights were not used" in done.stderr
     assert "3/3" in json.loads(done.stdout)["child_stderr"]  # the bar
     assert not (tmp_path / "flywheel.log").exists()
+
+
+def run_on_a_terminal(tmp_path: Path, *args: str) -> tuple[str, str]:
+    """`flywheel ARGS` with stderr on a pseudo-terminal (stdout a pipe): stdout, and what the
+    terminal received."""
+    import pty
+
+    leader, follower = pty.openpty()
+    environment = {name: value for name, value in os.environ.items() if "TQDM" not in name}
+    environment |= {"TERM": "xterm-256color", "COLUMNS": "100"}
+    with subprocess.Popen(
+        [sys.executable, "-m", "flywheel", *args],
+        stdout=subprocess.PIPE,
+        stderr=follower,
+        cwd=tmp_path,
+        env=environment,
+        text=True,
+    ) as child:
+        os.close(follower)
+        drawn = b""
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:  # the terminal closed: the child is done
+                break
+            if not chunk:
+                break
+            drawn += chunk
+        out = child.stdout.read() if child.stdout else ""
+        assert child.wait() == 0, drawn
+    os.close(leader)
+    return out, drawn.decode("utf-8", errors="replace")
+
+
+@pytest.mark.no_database
+def test_progress_is_drawn_on_a_terminal_and_never_with_json(tmp_path: Path) -> None:
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(GOOD_TASK) + "\n", encoding="utf-8")
+
+    out, drawn = run_on_a_terminal(tmp_path, "verify", "--file", str(tasks))
+    assert out.startswith("1 usable, 0 unusable")
+    assert "verifying tasks" in drawn
+
+    out, drawn = run_on_a_terminal(tmp_path, "verify", "--file", str(tasks), "--json")
+    assert json.loads(out)["usable"] == 1
+    assert drawn == ""
