@@ -44,6 +44,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
 )
+from transformers.utils import logging as transformers_logging
 from trl import chat_template_utils as trl_templates
 
 from finetune import synthetic
@@ -385,6 +386,17 @@ def _corpus(text_file: Path | None) -> tuple[PreTrainedTokenizerFast, list[str]]
 
 
 @contextmanager
+def _status(message: str) -> Iterator[None]:
+    """A spinner on stderr while a step without steps runs (on a terminal only)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(message):
+        yield
+
+
+@contextmanager
 def _pretraining_bar(steps: int) -> Iterator[Callable[[float], None]]:
     """Steps done, the latest loss and the time left, on stderr (drawn on a terminal only)."""
     columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn()]
@@ -397,18 +409,20 @@ def _pretraining_bar(steps: int) -> Iterator[Callable[[float], None]]:
 
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
+    transformers_logging.disable_progress_bar()  # "Writing model shards": our own bar says it
     if args.family is not None:
         save_family_base(args.out, args.family)
         print(f"saved {args.out} ({args.family})")
         return
-    tokenizer, texts = _corpus(args.text_file)
-    model = build_model(
-        tokenizer,
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        seed=args.seed,
-    )
+    with _status("building the tokenizer and the model"):
+        tokenizer, texts = _corpus(args.text_file)
+        model = build_model(
+            tokenizer,
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
+            seed=args.seed,
+        )
     if args.steps > 0:
         with _pretraining_bar(args.steps) as on_step:
             losses = pretrain(
