@@ -12,7 +12,8 @@ command alike), it times the wall clock of:
   keys create     flywheel keys create --tenant T --scopes data:read
 
 and prints each median with its ratio to the floor and to `import typer` (what any Typer CLI
-pays). The goal: `flywheel --help` and the light commands under 0.5 s. Asserts nothing:
+pays), and the median CPU time (user + system, which a loaded machine inflates less than the
+wall clock). The goal: `flywheel --help` and the light commands under 0.5 s. Asserts nothing:
 machines here are shared and noisy.
 
     python -m bench.cli_startup [--rounds 5]
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -45,23 +47,27 @@ def commands(tenant: str) -> dict[str, list[str] | None]:
     }
 
 
-def wall_s(command: list[str], workspace: Path) -> float:
+def timed(command: list[str], workspace: Path) -> tuple[float, float]:
+    """The command's wall clock and CPU time (user + system), in seconds."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     started = time.perf_counter()
     subprocess.run(command, cwd=workspace, check=True, capture_output=True)
-    return time.perf_counter() - started
+    wall = time.perf_counter() - started
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return wall, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
-def measure(rounds: int, workspace: Path) -> dict[str, list[float]]:
+def measure(rounds: int, workspace: Path) -> dict[str, list[tuple[float, float]]]:
     subprocess.run([*FLYWHEEL, "init"], cwd=workspace, check=True, capture_output=True)
     subprocess.run(
         [*FLYWHEEL, "tenants", "create", "bench"], cwd=workspace, check=True, capture_output=True
     )
-    times: dict[str, list[float]] = {label: [] for label in commands("bench")}
+    times: dict[str, list[tuple[float, float]]] = {label: [] for label in commands("bench")}
     for number in range(rounds):
         for label, command in commands("bench").items():
             if command is None:  # a new domain each round
                 command = [*FLYWHEEL, "domains", "create", f"d{number}", "--tenant", "bench"]
-            times[label].append(wall_s(command, workspace))
+            times[label].append(timed(command, workspace))
     return times
 
 
@@ -73,13 +79,15 @@ def main() -> None:
         os.environ.pop("FLYWHEEL_DATABASE_URL", None)  # the embedded default, in the scratch dir
         os.environ.pop("FLYWHEEL_HOME", None)
         times = measure(args.rounds, Path(scratch))
-    floor = statistics.median(times["floor"])
-    typer = statistics.median(times["typer"])
+    floor = statistics.median(wall for wall, _ in times["floor"])
+    typer = statistics.median(wall for wall, _ in times["typer"])
     print(f"{args.rounds} rounds, load average {os.getloadavg()[0]:.2f}")
-    print(f"{'command':<16} {'median s':>9} {'x floor':>8} {'x typer':>8}")
+    print(f"{'command':<16} {'wall s':>7} {'x floor':>8} {'x typer':>8} {'cpu s':>7}")
     for label, runs in times.items():
-        median = statistics.median(runs)
-        print(f"{label:<16} {median:>9.3f} {median / floor:>8.1f} {median / typer:>8.1f}")
+        median = statistics.median(wall for wall, _ in runs)
+        cpu = statistics.median(cpu for _, cpu in runs)
+        line = f"{label:<16} {median:>7.3f} {median / floor:>8.1f} {median / typer:>8.1f}"
+        print(f"{line} {cpu:>7.3f}")
 
 
 if __name__ == "__main__":
