@@ -123,10 +123,10 @@ def _add_plugins() -> None:
 def _names_a_plugin(args: list[str]) -> bool:
     """Whether the command line may need the plugins: it names no built-in command (the
     overview lists them all), so `flywheel tenants create` never reads the entry points."""
-    command = next((arg for arg in args if not arg.startswith("-")), None)
+    named = next((arg for arg in args if not arg.startswith("-")), None)
     built_in = {command.name for command in app.registered_commands}
     built_in |= {group.name for group in app.registered_groups}
-    return command not in built_in
+    return named not in built_in
 
 
 def main(argv: list[str] | None = None) -> int:
