@@ -51,12 +51,17 @@ def settings() -> Settings:
     try:
         return Settings()
     except ValidationError as error:
-        problems = [
-            f"FLYWHEEL_{'_'.join(map(str, problem['loc'])).upper()}: {problem['msg']}"
-            + (f" (not {problem['input']!r})" if problem.get("input") is not None else "")
-            for problem in error.errors(include_url=False)
-        ]
+        problems = [_setting_problem(problem) for problem in error.errors(include_url=False)]
         raise InvalidInput("bad setting " + "; ".join(problems)) from error
+
+
+def _setting_problem(problem: Any) -> str:
+    """`FLYWHEEL_NAME: what is wrong (not 'the value')`, from one pydantic error."""
+    line = f"FLYWHEEL_{'_'.join(map(str, problem['loc'])).upper()}: {problem['msg']}"
+    given = problem.get("input")
+    if given is not None and repr(given) not in line:
+        line += f" (not {given!r})"
+    return line
 
 
 # Set by `commands_use_sessions`; None: commands open the configured database.
