@@ -22,6 +22,7 @@ from flywheel.errors import InvalidInput, InvalidState
 if TYPE_CHECKING:
     import uuid
 
+    from sqlalchemy.engine import Engine
     from sqlalchemy.orm import Session, sessionmaker
 
     from flywheel.settings import Settings
@@ -94,22 +95,29 @@ def database_sessions() -> Iterator[sessionmaker[Session]]:
     if given is not None:
         yield given
         return
-    from flywheel import migrate
+    from flywheel.cli.schema import is_at_head
     from flywheel.db import make_engine, make_session_factory
 
     current = settings()
     engine = make_engine(current)
     try:
-        revision = migrate.current_revision(engine)
-        head = migrate.head_revision(current.resolved_database_url)
-        if revision != head:
-            raise InvalidState(
-                f"database schema is at {revision or 'nothing'}, expected {head}: "
-                "run `flywheel init` (or `flywheel db upgrade`)"
-            )
+        if not is_at_head(engine):  # False, or None: not plain enough to tell without Alembic
+            _refuse_unless_at_head(engine, current.resolved_database_url)
         yield make_session_factory(engine)
     finally:
         engine.dispose()
+
+
+def _refuse_unless_at_head(engine: Engine, url: str) -> None:
+    from flywheel import migrate
+
+    revision = migrate.current_revision(engine)
+    head = migrate.head_revision(url)
+    if revision != head:
+        raise InvalidState(
+            f"database schema is at {revision or 'nothing'}, expected {head}: "
+            "run `flywheel init` (or `flywheel db upgrade`)"
+        )
 
 
 @contextmanager

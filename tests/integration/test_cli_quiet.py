@@ -49,6 +49,47 @@ def test_help_loads_none_of_the_heavy_libraries(tmp_path: Path, args: tuple[str,
     assert loaded == []
 
 
+@pytest.mark.no_database
+def test_a_light_command_on_a_migrated_workspace_loads_no_alembic(tmp_path: Path) -> None:
+    environment = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+    flywheel = [sys.executable, "-m", "flywheel"]
+    for args in (["init"], ["tenants", "create", "acme"]):
+        subprocess.run([*flywheel, *args], cwd=tmp_path, env=environment, check=True)
+    script = (
+        "import sys\n"
+        "from flywheel.cli import main\n"
+        "code = main(['domains', 'create', 'billing', '--tenant', 'acme'])\n"
+        "print(code, 'alembic' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        cwd=tmp_path,
+        env=environment,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+
+    assert done.stdout.strip().splitlines()[-1] == "0 False"
+
+
+@pytest.mark.no_database
+def test_a_schema_behind_head_is_still_refused(
+    workspace: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from flywheel import migrate
+    from flywheel.settings import Settings
+
+    assert run_cli(capsys, "init")[0] == 0
+    migrate.downgrade(Settings().resolved_database_url, "-1")
+
+    code, _, err = run_cli(capsys, "tenants", "list")
+
+    assert code == 1
+    assert "run `flywheel init`" in err
+    assert err.count("\n") == 1
+
+
 GOOD_TASK = {
     "task_id": "t/double",
     "prompt": 'def double(x):\n    """Return twice x."""\n',
