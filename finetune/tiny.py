@@ -22,11 +22,14 @@ from __future__ import annotations
 import argparse
 import math
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 from transformers import (
     AutoModelForCausalLM,
@@ -41,6 +44,7 @@ from transformers import (
     Qwen2Config,
     Qwen3Config,
 )
+from transformers.utils import logging as transformers_logging
 from trl import chat_template_utils as trl_templates
 
 from finetune import synthetic
@@ -151,8 +155,10 @@ def pretrain(
     learning_rate: float = PRETRAIN_LEARNING_RATE,
     batch_size: int = PRETRAIN_BATCH_SIZE,
     seed: int = 0,
+    on_step: Callable[[float], None] | None = None,
 ) -> list[float]:
-    """Full-parameter causal-LM training on `texts`; the loss of every step.
+    """Full-parameter causal-LM training on `texts`; the loss of every step (each also
+    handed to `on_step`, for a progress bar).
 
     A plain loop rather than a TRL trainer: this only manufactures a base model for tests,
     and a dozen lines of torch are faster on CPU than a trainer's setup. Warmup then cosine
@@ -175,6 +181,8 @@ def pretrain(
         schedule.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.item())
+        if on_step is not None:
+            on_step(losses[-1])
     model.eval()
     return losses
 
@@ -377,30 +385,56 @@ def _corpus(text_file: Path | None) -> tuple[PreTrainedTokenizerFast, list[str]]
     return build_tokenizer(texts), texts
 
 
+@contextmanager
+def _status(message: str) -> Iterator[None]:
+    """A spinner on stderr while a step without steps runs (on a terminal only)."""
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield
+        return
+    with console.status(message):
+        yield
+
+
+@contextmanager
+def _pretraining_bar(steps: int) -> Iterator[Callable[[float], None]]:
+    """Steps done, the latest loss and the time left, on stderr (drawn on a terminal only)."""
+    columns = [TextColumn("pretraining"), BarColumn(), MofNCompleteColumn()]
+    columns += [TextColumn("loss {task.fields[loss]}"), TimeRemainingColumn()]
+    console = Console(stderr=True)
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        task = bar.add_task("pretraining", total=steps, loss="-")
+        yield lambda loss: bar.update(task, advance=1, loss=f"{loss:.3f}")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     args = _parse_args(argv)
+    transformers_logging.disable_progress_bar()  # "Writing model shards": our own bar says it
     if args.family is not None:
         save_family_base(args.out, args.family)
         print(f"saved {args.out} ({args.family})")
         return
-    tokenizer, texts = _corpus(args.text_file)
-    model = build_model(
-        tokenizer,
-        hidden_size=args.hidden_size,
-        num_layers=args.num_layers,
-        num_heads=args.num_heads,
-        seed=args.seed,
-    )
-    if args.steps > 0:
-        losses = pretrain(
-            model,
+    with _status("building the tokenizer and the model"):
+        tokenizer, texts = _corpus(args.text_file)
+        model = build_model(
             tokenizer,
-            texts,
-            steps=args.steps,
-            learning_rate=args.learning_rate,
-            batch_size=args.batch_size,
+            hidden_size=args.hidden_size,
+            num_layers=args.num_layers,
+            num_heads=args.num_heads,
             seed=args.seed,
         )
+    if args.steps > 0:
+        with _pretraining_bar(args.steps) as on_step:
+            losses = pretrain(
+                model,
+                tokenizer,
+                texts,
+                steps=args.steps,
+                learning_rate=args.learning_rate,
+                batch_size=args.batch_size,
+                seed=args.seed,
+                on_step=on_step,
+            )
         print(f"pretrained {args.steps} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     save_base(args.out, model, tokenizer)
     print(f"saved {args.out}")

@@ -12,11 +12,12 @@ from __future__ import annotations
 import functools
 import logging
 import sys
+from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
-import orjson
-from prometheus_client import CollectorRegistry, Counter, Histogram
+if TYPE_CHECKING:  # loaded on use: the CLI imports this module at start-up
+    from prometheus_client import CollectorRegistry, Counter, Histogram
 
 # LogRecord's own attributes: everything else on a record came from `extra=`.
 _RECORD_FIELDS = set(vars(logging.LogRecord("", 0, "", 0, "", None, None))) | {"message"}
@@ -33,6 +34,8 @@ class JsonFormatter(logging.Formatter):
         entry |= {k: v for k, v in vars(record).items() if k not in _RECORD_FIELDS}
         if record.exc_info:
             entry["exception"] = self.formatException(record.exc_info)
+        import orjson
+
         return orjson.dumps(entry, default=str).decode()
 
 
@@ -62,8 +65,32 @@ def json_log_config(level: str = "INFO") -> dict[str, Any]:
     }
 
 
+# Where a subprocess's chatter (a trainer's progress bars and warnings) is copied to: stderr,
+# unless the CLI sends it to the workspace's log file (`send_subprocess_output`).
+_subprocess_outputs: list[Callable[[], IO[str]]] = []
+
+
+def subprocess_output() -> IO[str]:
+    """The stream a subprocess's chatter is copied to now."""
+    return _subprocess_outputs[-1]() if _subprocess_outputs else sys.stderr
+
+
+def send_subprocess_output(opener: Callable[[], IO[str]]) -> Callable[[], None]:
+    """Copy subprocesses' chatter to the stream `opener` returns (opened when first written)
+    until the returned function is called."""
+    _subprocess_outputs.append(opener)
+    return lambda: _subprocess_outputs.remove(opener)
+
+
 class CycleMetrics:
+    registry: CollectorRegistry
+    cycles: Counter
+    step_seconds: Histogram
+    gate_decisions: Counter
+
     def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+
         self.registry = CollectorRegistry()
         self.cycles = Counter(
             "flywheel_cycles",

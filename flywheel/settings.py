@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from croniter import croniter
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
@@ -136,6 +135,8 @@ class Settings(BaseSettings):
     @field_validator("scheduler_tick_cron", "stalled_retry_cron")
     @classmethod
     def _is_cron(cls, value: str) -> str:
+        from croniter import croniter  # here: every command reads the settings at start-up
+
         if not croniter.is_valid(value):
             raise ValueError(f"not a cron expression: {value!r}")
         return value

@@ -12,10 +12,9 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.cli.common import (
     JsonOption,
@@ -23,15 +22,15 @@ from flywheel.cli.common import (
     emit,
     progress_bar,
     resolve_tenant_id,
+    step,
 )
-from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput
-from flywheel.signals import verification
-from flywheel.tenancy.service import get_domain
-from ingest.feedback_file import FeedbackFileIngestor
-from ingest.framework import Ingestor
-from ingest.runner import RunResult, run_ingest
-from ingest.task_files import TASK_FORMATS, TaskFileIngestor, export_tasks
+
+if TYPE_CHECKING:  # the rest loads in the commands: `flywheel --help` stays fast
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from ingest.framework import Ingestor
+    from ingest.runner import RunResult
 
 ingest = typer.Typer(
     help="Read tickets, repositories, feedback and task files into training signal.",
@@ -123,7 +122,9 @@ def ingest_repo(
     from ingest.repo import RepositoryIngestor
     from ingest.repo.report import yield_report
 
-    with RepositoryIngestor(source, history=history) as repository:  # removes its clone
+    with step(f"reading {source}", is_quiet=as_json):
+        repository = RepositoryIngestor(source, history=history)  # clones, finds the source
+    with repository:  # removes its clone
 
         def report(session: Session, domain_id: uuid.UUID) -> dict[str, Any]:
             return yield_report(session, domain_id, repository.outcomes)
@@ -139,21 +140,23 @@ def ingest_feedback(
     as_json: bool = JsonOption,
 ) -> None:
     """Feedback events from a file, as if the API had received them."""
+    from ingest.feedback_file import FeedbackFileIngestor
+
     _run(FeedbackFileIngestor(path, domain), tenant, domain, as_json)
 
 
 @ingest.command("tasks")
 def ingest_tasks(
     path: Path = typer.Argument(..., help="A task JSONL file (.jsonl or .jsonl.gz)."),
-    source_format: str = typer.Option(
-        "flywheel", "--format", help=f"One of: {', '.join(TASK_FORMATS)}."
-    ),
+    source_format: str = typer.Option("flywheel", "--format", help="flywheel, humaneval or mbpp."),
     domain: str = DomainOption,
     tenant: str | None = TenantOption,
     verify: bool = VerifyOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Verifiable tasks from HumanEval/MBPP-style or Flywheel task JSONL."""
+    from ingest.task_files import TaskFileIngestor
+
     _run(TaskFileIngestor(path, source_format), tenant, domain, as_json, verify=verify)
 
 
@@ -165,6 +168,8 @@ def ingest_export_tasks(
     status: str | None = typer.Option(None, help="Only tasks QA marked so (e.g. usable)."),
 ) -> None:
     """Write a domain's tasks as Flywheel task JSONL (what `ingest tasks` reads back)."""
+    from ingest.task_files import export_tasks
+
     with _domain(tenant, domain) as (sessions, _, domain_id), sessions() as session:
         if out is None:
             written = export_tasks(
@@ -182,7 +187,7 @@ def ingest_export_tasks(
     sys.stderr.write(f"{written} tasks written\n")
 
 
-Report = Callable[[Session, uuid.UUID], dict[str, Any]]  # the source's own account of a run
+Report = Callable[["Session", uuid.UUID], dict[str, Any]]  # the source's own account of a run
 
 
 def _run(
@@ -194,6 +199,8 @@ def _run(
     verify: bool = False,
     report: Report | None = None,
 ) -> None:
+    from ingest.runner import run_ingest
+
     with _domain(tenant, domain) as (sessions, tenant_id, domain_id):
         with progress_bar(
             f"{ingestor.source_format}: {ingestor.source_ref}", is_quiet=as_json
@@ -230,6 +237,9 @@ def _verify_pending(
     sessions: sessionmaker[Session], domain_id: uuid.UUID, *, quiet: bool
 ) -> dict[str, int]:
     """QA the domain's pending tasks (no transaction stays open while the sandbox runs)."""
+    from flywheel.db import unit_of_work
+    from flywheel.signals import verification
+
     with sessions() as session:
         specs = [
             verification.task_spec(task)
@@ -249,6 +259,9 @@ def _verify_pending(
 def _domain(
     tenant: str | None, domain: str
 ) -> Iterator[tuple[sessionmaker[Session], uuid.UUID, uuid.UUID]]:
+    from flywheel.db import unit_of_work
+    from flywheel.tenancy.service import get_domain
+
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             tenant_id = resolve_tenant_id(session, tenant)

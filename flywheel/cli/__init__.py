@@ -1,13 +1,19 @@
-"""The `flywheel` command line. Bad input exits non-zero with one line on stderr."""
+"""The `flywheel` command line. Bad input (a wrong option or file, a name that does not
+exist) exits with status 2 and one line on stderr; other failures (a conflict, a refused
+state, an unreachable database) with status 1.
+
+Start-up stays light (`flywheel --help` in well under half a second): the command modules
+import only typer and the standard library at the top, and load the database, the services
+and rich inside the commands that use them (`bench/cli_startup.py` measures it).
+"""
 
 from __future__ import annotations
 
 import functools
 import sys
-from importlib.metadata import entry_points
+from typing import TYPE_CHECKING
 
 import typer
-from sqlalchemy.exc import OperationalError
 from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; not re-exported
 
 from flywheel.cli import (
@@ -26,8 +32,14 @@ from flywheel.cli import (
     verify,
     worker,
 )
+from flywheel.cli.console import VERBOSE_VARIABLE, quiet_third_parties, stay_verbose
 from flywheel.demo.runner import demo_command
-from flywheel.errors import FlywheelError
+from flywheel.errors import FlywheelError, InvalidInput, NotFound
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoints
+
+BAD_INPUT_EXIT = 2  # as for a usage error: the README's "one line, exit status 2"
 
 app = typer.Typer(
     help="Flywheel: turn your LLM apps' usage into better models.",
@@ -35,6 +47,23 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
 )
+
+
+@app.callback()
+def options(
+    context: typer.Context,
+    is_verbose: bool = typer.Option(
+        False,
+        "--verbose",
+        envvar=VERBOSE_VARIABLE,
+        help="Show third-party warnings, library logs and progress bars (a trainer's too) "
+        "here; by default they go to <workspace>/flywheel.log.",
+    ),
+) -> None:
+    """Flywheel: turn your LLM apps' usage into better models."""
+    context.call_on_close(stay_verbose() if is_verbose else quiet_third_parties())
+
+
 app.command("init")(server.init)
 app.command("serve")(server.serve)
 app.command("verify")(verify.verify)
@@ -55,6 +84,14 @@ app.add_typer(sandbox.sandbox, name="sandbox")
 app.add_typer(dataset.dataset, name="dataset")
 app.add_typer(models.models, name="models")
 app.add_typer(runs.runs, name="runs")
+
+
+def entry_points(*, group: str) -> EntryPoints:
+    """The installed entry points of `group` (importlib.metadata loads only when asked: it
+    costs a tenth of the start-up)."""
+    from importlib.metadata import entry_points as installed
+
+    return installed(group=group)
 
 
 @functools.cache  # once per process
@@ -83,12 +120,23 @@ def _add_plugins() -> None:
             app.command(plugin.name)(command)
 
 
+def _names_a_plugin(args: list[str]) -> bool:
+    """Whether the command line may need the plugins: it names no built-in command (the
+    overview lists them all), so `flywheel tenants create` never reads the entry points."""
+    named = next((arg for arg in args if not arg.startswith("-")), None)
+    built_in = {command.name for command in app.registered_commands}
+    built_in |= {group.name for group in app.registered_groups}
+    return named not in built_in
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the CLI; errors become `error: ...` on one line and a non-zero exit code."""
+    args = sys.argv[1:] if argv is None else argv
     try:
-        _add_plugins()
+        if _names_a_plugin(args):
+            _add_plugins()
         # Without standalone mode, click returns a typer.Exit's code instead of raising it.
-        result = app(args=argv, standalone_mode=False)
+        result = app(args=args, standalone_mode=False)
     except NoArgsIsHelpError as error:
         sys.stdout.write(error.format_message() + "\n")
         return 0
@@ -100,13 +148,31 @@ def main(argv: list[str] | None = None) -> int:
     except typer.TyperException as error:
         _fail(error.format_message())
         return 2
+    except (InvalidInput, NotFound) as error:
+        _fail(error.message)
+        return BAD_INPUT_EXIT
     except FlywheelError as error:
         _fail(error.message)
         return 1
-    except OperationalError as error:
-        _fail(f"database unreachable: {str(error.orig).strip().splitlines()[0]}")
+    except Exception as error:
+        unreachable = _database_unreachable(error)
+        if unreachable is None:
+            raise
+        _fail(unreachable)
         return 1
     return result if isinstance(result, int) else 0
+
+
+def _database_unreachable(error: Exception) -> str | None:
+    """The one-line message for a database that cannot be reached, or None for any other
+    error (sqlalchemy is only imported here when a command already loaded it)."""
+    if "sqlalchemy" not in sys.modules:
+        return None
+    from sqlalchemy.exc import OperationalError
+
+    if not isinstance(error, OperationalError):
+        return None
+    return f"database unreachable: {str(error.orig).strip().splitlines()[0]}"
 
 
 def _fail(message: str) -> None:

@@ -7,15 +7,9 @@ from pathlib import Path
 from typing import Any
 
 import typer
-import yaml
 
 from flywheel.cli.common import JsonOption, database_session, emit, settings
-from flywheel.datasets.settings import dataset_settings
 from flywheel.errors import InvalidInput
-from flywheel.scheduling.config import cycle_settings
-from flywheel.tenancy import service
-from flywheel.tenancy.revocation import key_revocations
-from flywheel.tenancy.service import get_domain
 
 tenants = typer.Typer(help="Create and list tenants.", no_args_is_help=True)
 keys = typer.Typer(help="Create, list and revoke API keys.", no_args_is_help=True)
@@ -29,6 +23,8 @@ def create_tenant(
     name: str = typer.Argument(..., help="Tenant name, e.g. acme."), as_json: bool = JsonOption
 ) -> None:
     """Create a tenant."""
+    from flywheel.tenancy import service
+
     with database_session() as session:
         tenant = service.create_tenant(session=session, name=name)
         data = {"id": str(tenant.id), "name": tenant.name}
@@ -38,6 +34,8 @@ def create_tenant(
 @tenants.command("list")
 def list_tenants(as_json: bool = JsonOption) -> None:
     """List tenants."""
+    from flywheel.tenancy import service
+
     with database_session() as session:
         data = [{"id": str(t.id), "name": t.name} for t in service.list_tenants(session=session)]
     emit(data, as_json=as_json, text="\n".join(item["name"] for item in data) or "(no tenants)")
@@ -56,6 +54,8 @@ def create_key(
     as_json: bool = JsonOption,
 ) -> None:
     """Create an API key. The key is printed once; only its hash is stored."""
+    from flywheel.tenancy import service
+
     with database_session() as session:
         owner = service.get_tenant(session=session, name=tenant)
         issued = service.create_api_key(
@@ -75,6 +75,8 @@ def create_key(
 @keys.command("list")
 def list_keys(tenant: str = TenantOption, as_json: bool = JsonOption) -> None:
     """List a tenant's keys (never their secrets)."""
+    from flywheel.tenancy import service
+
     with database_session() as session:
         owner = service.get_tenant(session=session, name=tenant)
         data: list[dict[str, Any]] = [
@@ -101,6 +103,9 @@ def revoke_key(
 ) -> None:
     """Revoke an API key; it stops working within the API's auth cache TTL (at once with
     FLYWHEEL_REDIS_URL)."""
+    from flywheel.tenancy import service
+    from flywheel.tenancy.revocation import key_revocations
+
     try:
         parsed = uuid.UUID(key_id)
     except ValueError as error:
@@ -122,6 +127,8 @@ def create_domain(
     as_json: bool = JsonOption,
 ) -> None:
     """Create a domain for a tenant."""
+    from flywheel.tenancy import service
+
     with database_session() as session:
         owner = service.get_tenant(session=session, name=tenant)
         domain = service.create_domain(session=session, tenant=owner, name=name)
@@ -132,6 +139,8 @@ def create_domain(
 @domains.command("list")
 def list_domains(tenant: str = TenantOption, as_json: bool = JsonOption) -> None:
     """List a tenant's domains."""
+    from flywheel.tenancy import service
+
     with database_session() as session:
         owner = service.get_tenant(session=session, name=tenant)
         data = [
@@ -153,6 +162,12 @@ def configure_domain(
     as_json: bool = JsonOption,
 ) -> None:
     """Replace a domain's configuration (checked before it is stored)."""
+    import yaml
+
+    from flywheel.datasets.settings import dataset_settings
+    from flywheel.scheduling.config import cycle_settings
+    from flywheel.tenancy import service
+
     try:
         config = yaml.safe_load(config_file.read_text(encoding="utf-8")) or {}
     except (OSError, yaml.YAMLError) as error:
@@ -161,7 +176,7 @@ def configure_domain(
         raise InvalidInput(f"{config_file} must hold a mapping, not {type(config).__name__}")
     with database_session() as session:
         owner = service.get_tenant(session=session, name=tenant)
-        domain = get_domain(session, owner.id, name)
+        domain = service.get_domain(session, owner.id, name)
         domain.config = config
         cycle_settings(domain)  # a bad cycle section fails here, before anything is stored
         dataset_settings(domain)  # and so does a bad dataset section

@@ -1,31 +1,68 @@
-"""What every command shares: settings, a session, JSON or human output, one-line errors."""
+"""What every command shares: settings, a session, JSON or human output, one-line errors.
+
+Every command module imports this one at start-up (`flywheel --help` included), so it
+imports only typer and the standard library; the database, the settings and rich load
+inside the functions that use them.
+"""
 
 from __future__ import annotations
 
 import json
 import sys
-import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, SpinnerColumn, TextColumn
-from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel import migrate
-from flywheel.db import make_engine, make_session_factory, unit_of_work
+from flywheel.cli.console import progress_bar, step
 from flywheel.errors import InvalidInput, InvalidState
-from flywheel.settings import Settings
-from flywheel.tenancy import service as tenancy
+
+if TYPE_CHECKING:
+    import uuid
+
+    from sqlalchemy.engine import Engine
+    from sqlalchemy.orm import Session, sessionmaker
+
+    from flywheel.settings import Settings
+
+__all__ = [
+    "JsonOption",
+    "as_lines",
+    "commands_use_sessions",
+    "database_session",
+    "database_sessions",
+    "emit",
+    "progress_bar",
+    "resolve_tenant_id",
+    "settings",
+    "step",
+]
 
 JsonOption = typer.Option(False, "--json", help="Print the result as JSON.")
 
 
 def settings() -> Settings:
-    return Settings()
+    """The platform's settings; a bad FLYWHEEL_* value is bad input, in one line."""
+    from pydantic import ValidationError
+
+    from flywheel.settings import Settings
+
+    try:
+        return Settings()
+    except ValidationError as error:
+        problems = [_setting_problem(problem) for problem in error.errors(include_url=False)]
+        raise InvalidInput("bad setting " + "; ".join(problems)) from error
+
+
+def _setting_problem(problem: Any) -> str:
+    """`FLYWHEEL_NAME: what is wrong (not 'the value')`, from one pydantic error."""
+    line = f"FLYWHEEL_{'_'.join(map(str, problem['loc'])).upper()}: {problem['msg']}"
+    given = problem.get("input")
+    if given is not None and repr(given) not in line:
+        line += f" (not {given!r})"
+    return line
 
 
 # Set by `commands_use_sessions`; None: commands open the configured database.
@@ -58,24 +95,36 @@ def database_sessions() -> Iterator[sessionmaker[Session]]:
     if given is not None:
         yield given
         return
+    from flywheel.cli.schema import is_at_head
+    from flywheel.db import make_engine, make_session_factory
+
     current = settings()
     engine = make_engine(current)
     try:
-        revision = migrate.current_revision(engine)
-        head = migrate.head_revision(current.resolved_database_url)
-        if revision != head:
-            raise InvalidState(
-                f"database schema is at {revision or 'nothing'}, expected {head}: "
-                "run `flywheel init` (or `flywheel db upgrade`)"
-            )
+        if not is_at_head(engine):  # False, or None: not plain enough to tell without Alembic
+            _refuse_unless_at_head(engine, current.resolved_database_url)
         yield make_session_factory(engine)
     finally:
         engine.dispose()
 
 
+def _refuse_unless_at_head(engine: Engine, url: str) -> None:
+    from flywheel import migrate
+
+    revision = migrate.current_revision(engine)
+    head = migrate.head_revision(url)
+    if revision != head:
+        raise InvalidState(
+            f"database schema is at {revision or 'nothing'}, expected {head}: "
+            "run `flywheel init` (or `flywheel db upgrade`)"
+        )
+
+
 @contextmanager
 def database_session() -> Iterator[Session]:
     """One unit of work on the configured database (see `database_sessions`)."""
+    from flywheel.db import unit_of_work
+
     with database_sessions() as sessions, unit_of_work(sessions) as session:
         yield session
 
@@ -88,17 +137,25 @@ def emit(data: Any, *, as_json: bool, text: str) -> None:
         sys.stdout.write(text + "\n")
 
 
-@contextmanager
-def progress_bar(label: str, *, is_quiet: bool, total: int | None = None) -> Iterator[Any]:
-    """A progress bar on stderr (records handled so far); silent with --json."""
-    columns = [SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn()]
-    with Progress(*columns, console=Console(stderr=True), disable=is_quiet, transient=True) as bar:
-        task = bar.add_task(label, total=total)
-        yield lambda count: bar.advance(task, count)
+def as_lines(data: dict[str, Any], indent: str = "") -> str:
+    """A nested dict as indented `key: value` lines, for people (never a Python repr)."""
+    lines = []
+    for key, value in data.items():
+        if isinstance(value, dict):
+            lines.append(f"{indent}{key}:" + ("" if value else " none"))
+            if value:
+                lines.append(as_lines(value, indent + "  "))
+        elif isinstance(value, list):
+            lines.append(f"{indent}{key}: " + (", ".join(map(str, value)) or "none"))
+        else:
+            lines.append(f"{indent}{key}: {value}")
+    return "\n".join(lines)
 
 
 def resolve_tenant_id(session: Session, tenant: str | None) -> uuid.UUID:
     """The named tenant, or the only one there is."""
+    from flywheel.tenancy import service as tenancy
+
     if tenant is not None:
         return tenancy.get_tenant(session=session, name=tenant).id
     tenants = tenancy.list_tenants(session=session)

@@ -4,14 +4,15 @@ promote), resuming the domain's interrupted cycle if there is one."""
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from flywheel.cli.common import JsonOption, database_sessions, emit, resolve_tenant_id, settings
-from flywheel.db import unit_of_work
 from flywheel.errors import InvalidState
-from flywheel.scheduling.cycle import CycleOutcome, CycleRequest, run_cycle
+
+if TYPE_CHECKING:
+    from flywheel.scheduling.cycle import CycleOutcome
 
 
 def cycle(
@@ -21,6 +22,9 @@ def cycle(
 ) -> None:
     """Run a cycle now, in this process (training in a subprocess). Each step is recorded on
     the cycle's run; a failed or killed cycle resumes at its failed step when run again."""
+    from flywheel.db import unit_of_work
+    from flywheel.scheduling.cycle import CycleRequest, run_cycle
+
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             tenant_id = resolve_tenant_id(session, tenant)

@@ -6,43 +6,43 @@ import json
 import sys
 import uuid
 from pathlib import Path
-from typing import Any, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import typer
-from sqlalchemy.orm import Session
 
 from flywheel.cli.common import (
     JsonOption,
     database_session,
     emit,
     resolve_tenant_id,
+    step,
 )
-from flywheel.datasets import service
-from flywheel.datasets.export_formats import Format
-from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.reader import export_dataset_version, version_lineage, version_manifest
-from flywheel.datasets.service import get_version
 from flywheel.errors import InvalidInput, NotFound
-from flywheel.tenancy.models import Domain
-from flywheel.tenancy.service import get_domain
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from flywheel.datasets import service
+    from flywheel.datasets.export_formats import Format
+    from flywheel.datasets.models import DatasetVersion
 
 dataset = typer.Typer(help="Build, list and export dataset versions.", no_args_is_help=True)
 
 DomainOption = typer.Option(..., "--domain", help="The domain.")
 TenantOption = typer.Option(None, "--tenant", help="The tenant (when there is more than one).")
-DEFAULTS = service.DatasetRecipe()
 
 
 @dataset.command("build")
 def build(
     domain: str = DomainOption,
     tenant: str | None = TenantOption,
-    eval_fraction: float = typer.Option(DEFAULTS.eval_fraction, help="Share of new groups."),
+    # Defaults (None here) are the recipe's: the services load when the command runs.
+    eval_fraction: float = typer.Option(None, help="Share of new groups [default: 0.1]."),
     replay_fraction: float = typer.Option(
-        DEFAULTS.replay_fraction, help="Share of earlier train items trained on again."
+        None, help="Share of earlier train items trained on again [default: 0.25]."
     ),
-    ngram: int = typer.Option(DEFAULTS.ngram, help="Decontamination n-gram length (words)."),
-    curriculum: str = typer.Option(DEFAULTS.curriculum, help="easy_first or none."),
+    ngram: int = typer.Option(None, help="Decontamination n-gram length (words) [default: 13]."),
+    curriculum: str = typer.Option(None, help="easy_first or none [default: easy_first]."),
     mix: list[str] = typer.Option(
         [], "--mix", help="DOMAIN=SHARE: mix in that share (0..1] of another domain's train items."
     ),
@@ -52,20 +52,23 @@ def build(
     as_json: bool = JsonOption,
 ) -> None:
     """Build the domain's next version from its eligible signal (or say nothing changed)."""
+    from flywheel.datasets import service
+    from flywheel.tenancy.service import get_domain
+
+    given: dict[str, Any] = {"eval_fraction": eval_fraction, "replay_fraction": replay_fraction}
+    given |= {"ngram": ngram, "curriculum": curriculum}
     recipe = service.DatasetRecipe(
-        eval_fraction=eval_fraction,
-        replay_fraction=replay_fraction,
-        ngram=ngram,
-        curriculum=curriculum,
+        **{name: value for name, value in given.items() if value is not None},
         mix=_pairs("--mix", mix),
         source_weights=_pairs("--source-weight", source_weight),
     )
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
         domain_id = get_domain(session, tenant_id, domain).id
-        built = service.build_dataset_version(
-            session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
-        )
+        with step(f"building {domain}'s next version", is_quiet=as_json):
+            built = service.build_dataset_version(
+                session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
+            )
         data = _version_json(built.version, domain) | {"is_new": built.is_new}
     data["warnings"] = built.warnings
     emit(data, as_json=as_json, text=_build_line(built, domain))
@@ -116,6 +119,8 @@ def list_command(
     domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
 ) -> None:
     """The domain's versions, newest first."""
+    from flywheel.datasets import service
+
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
         versions = service.list_versions(session=session, tenant_id=tenant_id, domain=domain)
@@ -130,6 +135,8 @@ def list_command(
 
 def _version_json(version: DatasetVersion, domain: str) -> dict[str, Any]:
     """The version as an export's manifest describes it, keyed by `id` for the CLI."""
+    from flywheel.datasets.reader import version_manifest
+
     summary = version_manifest(version, domain)
     return {"id": summary.pop("dataset_version_id"), **summary}
 
@@ -144,14 +151,18 @@ def export(
     as_json: bool = JsonOption,
 ) -> None:
     """Write a version's train and eval splits as training files, with its manifest."""
+    from flywheel.datasets.reader import export_dataset_version
+    from flywheel.tenancy.models import Domain
+
     if export_format not in ("trl", "openai", "jsonl"):
         raise InvalidInput(f"unknown export format {export_format!r}: trl, openai or jsonl")
     with database_session() as session:
         found = _find_version(session, version, domain, tenant)
         domain_name = session.get_one(Domain, found.domain_id).name
-        summary = export_dataset_version(
-            session, found, domain_name, out, cast(Format, export_format)
-        )
+        with step(f"exporting v{found.version} of {domain_name}", is_quiet=as_json):
+            summary = export_dataset_version(
+                session, found, domain_name, out, cast("Format", export_format)
+            )
     files = {str(item.path): item.rows for item in summary.files}
     data = {
         "out": str(summary.out_dir),
@@ -173,6 +184,8 @@ def lineage(
 ) -> None:
     """Where every item of a version came from, one JSON line per item (split, kind, item id,
     source kind, source ref, group)."""
+    from flywheel.datasets.reader import version_lineage
+
     with database_session() as session:
         found = _find_version(session, version, domain, tenant)
         for row in version_lineage(session, found):
@@ -182,6 +195,10 @@ def lineage(
 def _find_version(
     session: Session, version: str, domain: str | None, tenant: str | None
 ) -> DatasetVersion:
+    from flywheel.datasets.models import DatasetVersion
+    from flywheel.datasets.service import get_version
+    from flywheel.tenancy.service import get_domain
+
     if domain is None:
         try:
             version_id = uuid.UUID(version)

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import typer
 
-from flywheel.cli.common import JsonOption, database_sessions, emit, resolve_tenant_id, settings
-from flywheel.db import unit_of_work
-from flywheel.evaluation.service import EvalRequest, evaluate_version
-from flywheel.tenancy.service import get_domain
+from flywheel.cli.common import (
+    JsonOption,
+    database_sessions,
+    emit,
+    resolve_tenant_id,
+    settings,
+    step,
+)
 
 REFUSED = 3
 """The exit status of a candidate the gate refused: not an error, not a pass."""
@@ -34,11 +38,16 @@ def evaluate(
 ) -> None:
     """Evaluate and gate; `flywheel models promote` then accepts a version that passed. Exits
     3 when the gate refuses the candidate, unless --report-only."""
+    from flywheel.db import unit_of_work
+    from flywheel.evaluation.service import EvalRequest, evaluate_version
+    from flywheel.tenancy.service import get_domain
+
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             found = get_domain(session, resolve_tenant_id(session, tenant), domain)
         request = EvalRequest(found, model_version, k, max_new_tokens)
-        outcome = evaluate_version(sessions, request, settings())
+        with step(f"evaluating {domain} (pass@{k})", is_quiet=as_json):
+            outcome = evaluate_version(sessions, request, settings())
     data = outcome.as_json()
     verdict = "passes the gate" if outcome.decision.is_promoted else "does not pass the gate"
     lines = [f"{domain} v{outcome.version} {verdict} against {outcome.against}"]

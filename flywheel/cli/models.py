@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 import getpass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from flywheel.cli.common import JsonOption, database_session, emit, resolve_tenant_id, settings
-from flywheel.registry import service
-from flywheel.registry.mlflow_registry import MlflowRegistry
-from flywheel.registry.models import ModelVersion, PromotionEvent
-from flywheel.tenancy.service import get_domain
+
+if TYPE_CHECKING:
+    from flywheel.registry.mlflow_registry import MlflowRegistry
+    from flywheel.registry.models import ModelVersion, PromotionEvent
 
 models = typer.Typer(help="List, promote and roll back a domain's adapters.", no_args_is_help=True)
 
@@ -21,6 +21,8 @@ ReasonOption = typer.Option("", "--reason", help="Why: kept in the audit trail."
 
 
 def _registry() -> MlflowRegistry:
+    from flywheel.registry.mlflow_registry import MlflowRegistry
+
     return MlflowRegistry(settings().resolved_mlflow_tracking_uri)
 
 
@@ -33,6 +35,8 @@ def list_command(
     domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
 ) -> None:
     """The domain's versions (newest first), which is champion, and the history of moves."""
+    from flywheel.registry import service
+
     with database_session() as session:
         found = service.list_models(
             session=session, tenant_id=resolve_tenant_id(session, tenant), domain=domain
@@ -65,6 +69,9 @@ def promote(
     as_json: bool = JsonOption,
 ) -> None:
     """Make a version the champion (it must have passed its gate unless --force)."""
+    from flywheel.registry import service
+    from flywheel.tenancy.service import get_domain
+
     with database_session() as session:
         event = service.promote(
             session=session,
@@ -88,6 +95,10 @@ def rollback(
     as_json: bool = JsonOption,
 ) -> None:
     """Move the champion back to the previous one (or --to a version), without retraining."""
+    from flywheel.registry import service
+    from flywheel.registry.models import ModelVersion
+    from flywheel.tenancy.service import get_domain
+
     with database_session() as session:
         event = service.rollback(
             session=session,
@@ -109,6 +120,7 @@ def watch(
     """Compare the champion's live thumbs-up rate with its predecessor's; roll back when the
     drop is significant and the domain's config has auto_rollback."""
     from flywheel.registry.watch import watch_domain
+    from flywheel.tenancy.service import get_domain
 
     with database_session() as session:
         result = watch_domain(

@@ -5,13 +5,15 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
 
 from flywheel.cli.common import JsonOption
 from flywheel.errors import InvalidInput
-from flywheel.redaction import Redaction
-from flywheel.redaction import redact as redact_text
+
+if TYPE_CHECKING:
+    from flywheel.redaction import Redaction
 
 
 def redact(
@@ -23,6 +25,8 @@ def redact(
 ) -> None:
     """Print the text with PII and secrets replaced by <TYPE> placeholders, and the report
     (counts per type) on stderr, or both as one JSON object with --json."""
+    from flywheel.redaction import redact as redact_text
+
     result = redact_text(_read(path), names=names)
     if as_json:
         document = {"text": result.text, "report": result.report()}

@@ -6,9 +6,14 @@ from pathlib import Path
 
 import typer
 
-from flywheel.cli.common import JsonOption, database_sessions, emit, resolve_tenant_id, settings
-from flywheel.db import unit_of_work
-from flywheel.reporting import write_report
+from flywheel.cli.common import (
+    JsonOption,
+    database_sessions,
+    emit,
+    resolve_tenant_id,
+    settings,
+    step,
+)
 
 
 def report(
@@ -21,12 +26,16 @@ def report(
 ) -> None:
     """Datasets, training runs and their curves, evaluations, gate decisions and promotions of
     a domain, in one self-contained HTML file."""
+    from flywheel.db import unit_of_work
+    from flywheel.reporting import write_report
+
     current = settings()
     target = out if out is not None else current.home / "reports" / f"{domain}.html"
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             tenant_id = resolve_tenant_id(session, tenant)
-        written = write_report(
-            sessions, tenant_id=tenant_id, domain=domain, settings=current, out=target
-        )
+        with step(f"writing the report of {domain}", is_quiet=as_json):
+            written = write_report(
+                sessions, tenant_id=tenant_id, domain=domain, settings=current, out=target
+            )
     emit({"report": str(written)}, as_json=as_json, text=str(written))

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import uuid
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 
 from flywheel.cli.common import JsonOption, database_session, emit, resolve_tenant_id
 from flywheel.errors import InvalidInput
-from flywheel.registry.models import RUN_STATUSES, Run
-from flywheel.scheduling import jobs
-from flywheel.scheduling import runs as service
-from flywheel.tenancy.models import Domain
+
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from flywheel.registry.models import Run
 
 runs = typer.Typer(
     help="List, trigger and cancel runs (cycles and trainings).", no_args_is_help=True
@@ -33,6 +32,9 @@ def list_command(
     as_json: bool = JsonOption,
 ) -> None:
     """The tenant's runs, newest first."""
+    from flywheel.registry.models import RUN_STATUSES
+    from flywheel.scheduling import runs as service
+
     if status is not None and status not in RUN_STATUSES:
         raise InvalidInput(f"unknown status {status!r}: one of {', '.join(RUN_STATUSES)}")
     with database_session() as session:
@@ -58,6 +60,8 @@ def show(
     run_id: uuid.UUID = RunArgument, tenant: str | None = TenantOption, as_json: bool = JsonOption
 ) -> None:
     """One run, with its steps."""
+    from flywheel.scheduling import runs as service
+
     with database_session() as session:
         run = service.get_run(session, tenant_id=resolve_tenant_id(session, tenant), run_id=run_id)
         data = run_json(run, _domain_names(session, {run.domain_id})[run.domain_id])
@@ -72,6 +76,8 @@ def trigger(
     as_json: bool = JsonOption,
 ) -> None:
     """Queue a cycle of the domain for the workers (PostgreSQL; `flywheel cycle` runs inline)."""
+    from flywheel.scheduling import jobs
+
     with database_session() as session:
         run = jobs.queue_and_defer(
             session,
@@ -88,6 +94,8 @@ def cancel(
     run_id: uuid.UUID = RunArgument, tenant: str | None = TenantOption, as_json: bool = JsonOption
 ) -> None:
     """Cancel a run: a queued one at once, a running one at its next check."""
+    from flywheel.scheduling import jobs
+
     with database_session() as session:
         run = jobs.cancel_run(session, tenant_id=resolve_tenant_id(session, tenant), run_id=run_id)
         data = run_json(run, _domain_names(session, {run.domain_id})[run.domain_id])
@@ -123,5 +131,9 @@ def run_json(run: Run, domain: str) -> dict[str, Any]:
 
 
 def _domain_names(session: Session, ids: set[uuid.UUID]) -> dict[uuid.UUID, str]:
+    from sqlalchemy import select
+
+    from flywheel.tenancy.models import Domain
+
     rows = session.execute(select(Domain.id, Domain.name).where(Domain.id.in_(ids)))
     return {row.id: row.name for row in rows}

@@ -10,7 +10,7 @@ import typer
 
 from flywheel.cli.common import JsonOption, emit
 from flywheel.errors import InvalidInput
-from flywheel.sandbox import Limits, run_tests
+from flywheel.sandbox.limits import Limits
 
 sandbox = typer.Typer(help="Run code in the sandbox.", no_args_is_help=True)
 
@@ -34,6 +34,8 @@ def run(
 
     Exits 0 when every test passed, 3 when the run finished without passing.
     """
+    from flywheel.sandbox import run_tests
+
     solution_text, tests_text = _read(solution), _read(tests)
     name = entry_point or _only_function(solution_text, solution)
     verdict = run_tests(

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import typer
-from sqlalchemy.exc import SQLAlchemyError
 
-from flywheel import migrate
 from flywheel.cli.common import JsonOption, emit, settings
-from flywheel.db import make_engine
 from flywheel.errors import InvalidState
-from flywheel.observability import json_log_config
-from flywheel.settings import Settings
+
+if TYPE_CHECKING:
+    from flywheel.settings import Settings
 
 db = typer.Typer(help="Database schema migrations.", no_args_is_help=True)
 
@@ -46,6 +45,9 @@ def upgrade(
 @db.command("current")
 def current(as_json: bool = JsonOption) -> None:
     """Show the database's schema revision and the latest one."""
+    from flywheel import migrate
+    from flywheel.db import make_engine
+
     url = settings().resolved_database_url
     engine = make_engine(settings())
     try:
@@ -65,6 +67,9 @@ def serve(
     as_json: bool = JsonOption,
 ) -> None:
     """Run the REST API (uvicorn) until interrupted."""
+    from flywheel import migrate
+    from flywheel.db import make_engine
+
     current = settings()
     engine = make_engine(current)
     try:
@@ -85,6 +90,7 @@ def _run_uvicorn(
     import uvicorn  # imported here: only this command needs the server
     from uvicorn.config import LOGGING_CONFIG
 
+    from flywheel.observability import json_log_config
     from flywheel.serving import BoundedHttpToolsProtocol, ServerLimits
 
     limits = ServerLimits.from_settings(current)
@@ -104,6 +110,11 @@ def _run_uvicorn(
 
 
 def _upgrade(url: str, revision: str = "head") -> str | None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from flywheel import migrate
+    from flywheel.db import make_engine
+
     try:
         migrate.upgrade(url, revision)
         from flywheel.scheduling import jobs  # here: keeps the CLI's start-up fast

@@ -4,6 +4,7 @@ a source record's data, and everything derived from it)."""
 from __future__ import annotations
 
 import getpass
+from typing import TYPE_CHECKING
 
 import typer
 
@@ -14,10 +15,10 @@ from flywheel.cli.common import (
     progress_bar,
     resolve_tenant_id,
 )
-from flywheel.db import unit_of_work
-from flywheel.feedback.forget import ForgetReport, forget
-from flywheel.signals.compile import CompileReport, compile_feedback
-from flywheel.tenancy.service import get_domain
+
+if TYPE_CHECKING:
+    from flywheel.feedback.forget import ForgetReport
+    from flywheel.signals.compile import CompileReport
 
 TenantOption = typer.Option(
     None, "--tenant", help="The domain's tenant (may be left out when there is only one)."
@@ -30,6 +31,10 @@ def compile_command(
     as_json: bool = JsonOption,
 ) -> None:
     """Compile feedback events into preference pairs, SFT examples and labels."""
+    from flywheel.db import unit_of_work
+    from flywheel.signals.compile import compile_feedback
+    from flywheel.tenancy.service import get_domain
+
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             tenant_id = resolve_tenant_id(session, tenant)
@@ -56,6 +61,9 @@ def forget_command(
 ) -> None:
     """Delete a rater's or a source record's data and what was derived from it; taint the
     dataset and model versions that used it. Audited."""
+    from flywheel.db import unit_of_work
+    from flywheel.feedback.forget import forget
+
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             tenant_id = resolve_tenant_id(session, tenant)

@@ -12,13 +12,11 @@ from flywheel.cli.common import (
     emit,
     resolve_tenant_id,
     settings,
+    step,
 )
-from flywheel.datasets.service import get_version
-from flywheel.db import unit_of_work
-from flywheel.errors import InvalidState
-from flywheel.tenancy.service import get_domain
-from flywheel.training.launcher import TrainRequest
-from flywheel.training.launcher import train as launch
+from flywheel.errors import InvalidInput, InvalidState
+
+TRAINER_BAD_INPUT_EXIT = 2  # `python -m finetune` refused its config, export or base model
 
 
 def train(
@@ -38,6 +36,12 @@ def train(
 ) -> None:
     """Export the dataset version, run the recipe as a subprocess, record the training run
     (and its MLflow run, which holds the adapter)."""
+    from flywheel.datasets.service import get_version
+    from flywheel.db import unit_of_work
+    from flywheel.tenancy.service import get_domain
+    from flywheel.training.launcher import TrainRequest
+    from flywheel.training.launcher import train as launch
+
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             found = get_domain(session, resolve_tenant_id(session, tenant), domain)
@@ -53,8 +57,11 @@ def train(
             overrides=tuple(overrides or ()),
             gpus=gpus,
         )
-        result = launch(sessions, request, settings())
+        with step(f"training {method} on {domain}", is_quiet=as_json):
+            result = launch(sessions, request, settings())
     data = result.as_json()
+    if result.exit_code == TRAINER_BAD_INPUT_EXIT:
+        raise InvalidInput(f"{result.error} (run {result.run_id}: nothing trained)")
     if result.status != "succeeded":
         raise InvalidState(f"training {result.status}: {result.error} (run {result.run_id})")
     emit(

@@ -6,16 +6,15 @@ import dataclasses
 import os
 from collections import Counter
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
-from rich.progress import Progress
 
-from flywheel.cli.common import JsonOption, database_session, emit
+from flywheel.cli.common import JsonOption, database_session, emit, progress_bar
 from flywheel.errors import InvalidInput
-from flywheel.sandbox.qa import QaResult, TaskSpec, load_task_file
-from flywheel.signals import verification
-from flywheel.tenancy import service as tenancy
+
+if TYPE_CHECKING:
+    from flywheel.sandbox.qa import QaResult, TaskSpec
 
 
 def verify(
@@ -32,15 +31,24 @@ def verify(
     if (file is None) == (domain is None):
         raise InvalidInput("give exactly one of --file or --domain (with --tenant)")
     if file is not None:
-        results = _with_progress(load_task_file(file), workers, as_json)
+        from flywheel.sandbox.qa import load_task_file
+
+        _report(_with_progress(load_task_file(file), workers, as_json), as_json)
+        return
+    results, checked = _verify_domain(domain or "", tenant, recheck, workers, as_json)
+    if not results and checked:
+        _report_nothing_pending(checked, as_json)
     else:
-        results = _verify_domain(domain or "", tenant, recheck, workers, as_json)
-    _report(results, as_json)
+        _report(results, as_json)
 
 
 def _verify_domain(
     domain: str, tenant: str | None, recheck: bool, workers: int, quiet: bool
-) -> list[QaResult]:
+) -> tuple[list[QaResult], Counter[str]]:
+    """QA's results, and when no task awaited it, the statuses of those already checked."""
+    from flywheel.signals import verification
+    from flywheel.tenancy import service as tenancy
+
     if tenant is None:
         raise InvalidInput("--domain needs --tenant")
     with database_session() as session:
@@ -50,19 +58,37 @@ def _verify_domain(
             session=session, domain_id=domain_id, include_checked=recheck
         )
         specs = [verification.task_spec(task) for task in tasks]
+        checked: Counter[str] = Counter()
+        if not specs:
+            every = verification.pending_tasks(
+                session=session, domain_id=domain_id, include_checked=True
+            )
+            checked.update(task.verifier_status for task in every)
     # QA can take minutes: no transaction stays open meanwhile.
     results = _with_progress(specs, workers, quiet)
     with database_session() as session:
         verification.record_results(session=session, results=results)
-    return results
+    return results, checked
 
 
 def _with_progress(specs: list[TaskSpec], workers: int, quiet: bool) -> list[QaResult]:
-    with Progress(console=Console(stderr=True), disable=quiet, transient=True) as progress:
-        bar = progress.add_task("verifying tasks", total=len(specs))
-        return verification.check_all(
-            specs, workers=workers, on_done=lambda _: progress.advance(bar)
-        )
+    from flywheel.signals import verification
+
+    with progress_bar("verifying tasks", is_quiet=quiet, total=len(specs)) as advance:
+        return verification.check_all(specs, workers=workers, on_done=lambda _: advance(1))
+
+
+def _report_nothing_pending(checked: Counter[str], as_json: bool) -> None:
+    """No task awaited QA: say how many were already checked (ingest verifies its tasks)."""
+    total = sum(checked.values())
+    data: dict[str, Any] = {"usable": 0, "unusable": 0, "flaky": 0, "reasons": {}, "tasks": []}
+    data["already_verified"] = dict(sorted(checked.items()))
+    statuses = ", ".join(f"{count} {status}" for status, count in sorted(checked.items()))
+    text = (
+        f"nothing to verify: {total} task{'s' * (total != 1)} already verified ({statuses}); "
+        "--recheck verifies them again"
+    )
+    emit(data, as_json=as_json, text=text)
 
 
 def _report(results: list[QaResult], as_json: bool) -> None:

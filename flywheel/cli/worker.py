@@ -8,8 +8,6 @@ import typer
 
 from flywheel.cli.common import JsonOption, database_sessions, emit, settings
 from flywheel.errors import InvalidInput
-from flywheel.observability import configure_logging, cycle_metrics
-from flywheel.scheduling import jobs
 
 
 def worker(
@@ -30,6 +28,9 @@ def worker(
 ) -> None:
     """Run a job worker until SIGINT/SIGTERM: the first signal lets running jobs finish,
     a second one exits at once (the job is retried elsewhere and resumes)."""
+    from flywheel.observability import configure_logging, cycle_metrics
+    from flywheel.scheduling import jobs
+
     queues = list(dict.fromkeys(queue or jobs.QUEUES))
     unknown = [q for q in queues if q not in jobs.QUEUES]
     if unknown:

@@ -39,7 +39,6 @@ from flywheel.demo.data import (
     write_repository,
     write_support,
 )
-from flywheel.demo.summary import cycle_rows, domain_counts, print_summary
 from flywheel.errors import InvalidInput, InvalidState
 
 TENANT = "demo"
@@ -195,6 +194,8 @@ def demo_command(
 ) -> None:
     """Run the whole flywheel on bundled sample data: ingest, a tiny base model, a cycle,
     more feedback, a second cycle; then a summary table and an HTML report."""
+    from flywheel.demo.summary import cycle_rows, domain_counts, print_summary  # DB models: here
+
     started = time.monotonic()
     demo = run_demo(directory, quick=quick)
     with database_session() as session:

@@ -34,6 +34,7 @@ from flywheel.datasets.reader import export_dataset_version, refuse_tainted
 from flywheel.datasets.service import latest_version
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput, NotFound
+from flywheel.observability import subprocess_output
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import Run
 from flywheel.registry.service import register_version
@@ -65,6 +66,7 @@ class TrainResult:
     run_dir: Path
     error: str | None = None
     model_version: str | None = None  # the registered adapter (alias `challenger`)
+    exit_code: int | None = None  # the trainer's; 2: it refused its input (config, export, base)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -130,6 +132,7 @@ def train(
         run_dir,
         None if code == 0 else row.error,
         model_version=registered_as,
+        exit_code=code,
     )
 
 
@@ -248,15 +251,17 @@ def _wait(child: subprocess.Popen[bytes], should_stop: Callable[[], bool] | None
 
 
 def _relay(stream: IO[bytes] | None, last: list[str]) -> None:
-    """Copy a child's stream to our stderr chunk by chunk (a progress bar redraws with \r, not
-    a newline), remembering its last non-empty line."""
+    """Copy a child's stream to our stderr (or where the CLI sends subprocess chatter: its log
+    file) chunk by chunk (a progress bar redraws with \r, not a newline), remembering its last
+    non-empty line."""
     if stream is None:
         return
     tail = ""
+    sink = subprocess_output()
     while chunk := os.read(stream.fileno(), 65536):
         text = chunk.decode("utf-8", errors="replace")
-        sys.stderr.write(text)
-        sys.stderr.flush()
+        sink.write(text)
+        sink.flush()
         tail = (tail + text)[-65536:]
         lines = [line.strip() for line in tail.replace("\r", "\n").split("\n") if line.strip()]
         if lines:

@@ -93,5 +93,5 @@ def test_compile_needs_a_known_tenant_and_domain(
         (["--tenant", "initech"], "tenant 'initech' not found"),
     ]:
         code, _, err = run_cli(capsys, "compile", *args)
-        assert code == 1
+        assert code == 2
         assert message in err

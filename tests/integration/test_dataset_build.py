@@ -253,7 +253,7 @@ def test_dataset_cli_builds_and_lists(
     code, _, err = run_cli(
         capsys, "dataset", "build", "--domain", "billing", "--eval-fraction", "1"
     )
-    assert code == 1
+    assert code == 2
     assert "eval fraction" in err
 
 
@@ -316,7 +316,7 @@ def test_a_version_exports_for_trl_with_its_manifest(
     code, _, err = run_cli(
         capsys, "dataset", "export", "7", "--domain", "billing", "--out", str(tmp_path / "v7")
     )
-    assert code == 1
+    assert code == 2
     assert "dataset version 7 not found" in err
 
 

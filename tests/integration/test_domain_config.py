@@ -95,5 +95,5 @@ def test_an_unknown_domain_is_one_line(
         capsys, "domains", "configure", "nope", "--tenant", "acme", "--file", str(path)
     )
 
-    assert code == 1
+    assert code == 2
     assert "nope" in err

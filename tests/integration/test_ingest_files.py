@@ -153,7 +153,7 @@ def test_a_bad_line_fails_the_run_naming_it_and_writes_nothing_of_its_batch(
 
     code, _, err = ingest(capsys, "feedback", str(path), "--domain", "billing")
 
-    assert code == 1
+    assert code == 2
     assert err.startswith("error: ")
     assert "feedback.jsonl line 3" in err
     assert message in err
@@ -334,7 +334,7 @@ def test_task_file_errors_name_the_line(
         capsys, "tasks", str(path), "--format", "humaneval", "--domain", "billing"
     )
 
-    assert code == 1
+    assert code == 2
     assert message in err
     assert count_rows(on_test_database, "verifiable_tasks") == 0
 
@@ -356,14 +356,14 @@ def test_cli_input_errors_are_one_line(
     ]
     for args, message in cases:
         code, _, err = ingest(capsys, *args)
-        assert code == 1, args
+        assert code == 2, args
         assert message in err
         assert len(err.strip().splitlines()) == 1
 
     gz = tmp_path / "t.jsonl.gz"
     gz.write_bytes(gzip.compress(tasks.read_bytes())[:-12])  # truncated
     code, _, err = ingest(capsys, "tasks", str(gz), "--format", "mbpp", "--domain", "billing")
-    assert code == 1
+    assert code == 2
     assert "cannot read" in err
 
 
@@ -431,14 +431,14 @@ def test_feedback_conflicts_and_foreign_interactions_name_the_line(
         RATING,
         {"interaction_id": str(elsewhere.id), "kind": "rating", "value": {"thumbs": "up"}},
     ]
-    cases = [
-        (same_id, "feedback.jsonl line 2: event_id 'e-1' was already used"),
-        (foreign, "feedback.jsonl line 2: interaction"),
+    cases = [  # a conflict exits 1; an interaction not found (bad input) exits 2
+        (same_id, "feedback.jsonl line 2: event_id 'e-1' was already used", 1),
+        (foreign, "feedback.jsonl line 2: interaction", 2),
     ]
-    for lines, message in cases:
+    for lines, message, exit_code in cases:
         path = write_jsonl(tmp_path / "feedback.jsonl", lines)
         code, _, err = ingest(capsys, "feedback", str(path), "--domain", "billing")
-        assert code == 1
+        assert code == exit_code
         assert message in err
         assert len(err.strip().splitlines()) == 1
     assert "is in domain 'support'" in err
@@ -474,7 +474,7 @@ def test_task_fields_the_database_cannot_hold_name_the_line(
         capsys, "tasks", str(path), "--format", "humaneval", "--domain", "billing", "--no-verify"
     )
 
-    assert code == 1
+    assert code == 2
     assert message in err
     assert count_rows(on_test_database, "verifiable_tasks") == 0
 
@@ -563,6 +563,6 @@ def test_export_to_a_missing_directory_is_one_line(
         str(tmp_path / "nope" / "tasks.jsonl"),
     )
 
-    assert code == 1
+    assert code == 2
     assert err.startswith("error: cannot write ")
     assert len(err.strip().splitlines()) == 1

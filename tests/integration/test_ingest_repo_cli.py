@@ -54,7 +54,7 @@ def test_not_a_repository_is_one_line(
     (tmp_path / "notes.txt").write_text("no code here")
     for source in (str(tmp_path / "missing"), str(tmp_path), str(tmp_path / "notes.txt")):
         code, _, err = run_cli(capsys, "ingest", "repo", source, "--domain", "billing")
-        assert code == 1, source
+        assert code == 2, source
         assert err.startswith("error: ")
         assert len(err.strip().splitlines()) == 1
 

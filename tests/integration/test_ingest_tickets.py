@@ -160,7 +160,7 @@ def test_bad_exports_fail_with_one_line(
     ]
     for args, message in cases:
         code, _, err = ingest(capsys, *args)
-        assert code == 1, args
+        assert code == 2, args
         assert message in err
         assert len(err.strip().splitlines()) == 1
     assert count_rows(on_test_database, "sft_examples") == 0

@@ -57,5 +57,5 @@ def test_entry_point_must_be_clear(tmp_path: Path, capsys: pytest.CaptureFixture
     code = main(["sandbox", "run", "--solution", str(tmp_path / "solution.py"),
                  "--tests", str(tmp_path / "tests.py")])  # fmt: skip
 
-    assert code == 1
+    assert code == 2
     assert "defines 2 functions; give --entry-point" in capsys.readouterr().err

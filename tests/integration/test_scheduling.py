@@ -333,9 +333,9 @@ def test_runs_list_show_and_cancel_from_the_cli(
         1,
         f"error: run {run.id} has already finished (cancelled)",
     )
-    assert unknown[0] == 1
+    assert unknown[0] == 2
     assert "domain 'nope' not found" in unknown[2]
-    assert bad_status[0] == 1
+    assert bad_status[0] == 2
     assert "unknown status 'done'" in bad_status[2]
 
 
@@ -352,7 +352,7 @@ def test_the_embedded_database_refuses_workers_and_triggers_in_one_line(
 
     assert (trigger[0], trigger[2]) == (1, f"error: {jobs.POSTGRES_ONLY}\n")
     assert (worker[0], worker[2]) == (1, f"error: {jobs.POSTGRES_ONLY}\n")
-    assert (bad_queue[0], bad_queue[2]) == (1, "error: unknown queue 'tpu': use gpu or cpu\n")
+    assert (bad_queue[0], bad_queue[2]) == (2, "error: unknown queue 'tpu': use gpu or cpu\n")
 
 
 # -- PostgreSQL: real jobs -----------------------------------------------------------------

@@ -81,7 +81,7 @@ def test_bad_input_is_one_line(
 ) -> None:
     code, out, err = run_cli(capsys, "verify", *args)
 
-    assert code == 1
+    assert code == 2
     assert out == ""
     assert fragment in err
     assert err.count("\n") == 1
@@ -95,7 +95,7 @@ def test_malformed_task_file_names_the_line(
 
     code, _, err = run_cli(capsys, "verify", "--file", str(path))
 
-    assert code == 1
+    assert code == 2
     assert "line 2" in err
 
 

@@ -339,12 +339,12 @@ def test_cli_reads_stdin_and_prints_json(
     }
 
 
-def test_cli_missing_file_is_one_line_and_exit_1(
+def test_cli_missing_file_is_one_line_and_exit_2(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code, out, err = run_cli(capsys, str(tmp_path / "missing.txt"))
 
-    assert code == 1
+    assert code == 2
     assert out == ""
     assert err.startswith("error: cannot read ")
     assert err.count("\n") == 1
@@ -358,6 +358,6 @@ def test_cli_refuses_bytes_that_are_not_utf8(
 
     code, _, err = run_cli(capsys, str(path))
 
-    assert code == 1
+    assert code == 2
     assert err.startswith("error: cannot read ")
     assert "not UTF-8" in err
