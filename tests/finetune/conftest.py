@@ -113,14 +113,11 @@ def write_export(
 
 @pytest.fixture
 def no_sandbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """bwrap is not installed, as far as the sandbox's probe can tell (its verdict is cached,
-    so the cache is cleared on the way in and out)."""
+    """No bwrap where the sandbox is told to find it (its probe's verdict is cached, so the
+    cache is cleared on the way in and out)."""
     from flywheel.sandbox import process
 
-    real_which = process.shutil.which
-    monkeypatch.setattr(
-        process.shutil, "which", lambda tool: None if tool == "bwrap" else real_which(tool)
-    )
+    monkeypatch.setenv("FLYWHEEL_SANDBOX_BWRAP", "/nonexistent/bwrap")
     process._probe.cache_clear()
     yield
     process._probe.cache_clear()
