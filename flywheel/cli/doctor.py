@@ -56,7 +56,9 @@ def _sandbox() -> list[Requirement]:
     tools = requirements.check_tools(process.seccomp_module())
     if any(not tool.is_present for tool in tools):
         missing = ", ".join(tool.name for tool in tools if not tool.is_present)
-        trial = Requirement("trial sandbox", False, f"not tried: {missing} missing", is_required=False)
+        trial = Requirement(
+            "trial sandbox", False, f"not tried: {missing} missing", is_required=False
+        )
         return [*tools, requirements.check_user_namespaces(), trial]
     try:
         check_available()
@@ -123,7 +125,5 @@ def _text(found: list[Requirement], bwrap: requirements.Tool | None, missing: li
         fix = f"  -> {item.fix}" if item.fix and not item.is_present else ""
         lines.append(f"{mark:8} {item.name:19} {item.detail}{fix}")
     lines.append(f"bwrap used: {f'{bwrap.path} ({bwrap.source})' if bwrap else 'none'}")
-    lines.append(
-        f"missing: {', '.join(missing)}" if missing else "everything required is present"
-    )
+    lines.append(f"missing: {', '.join(missing)}" if missing else "everything required is present")
     return "\n".join(lines)
