@@ -53,7 +53,6 @@ MAY_REFUSE = (
     "flywheel eval --domain billing",  # the gate wants 30 eval items
     "flywheel models promote --domain billing --to 2",  # a version that did not pass
     "flywheel models rollback --domain billing",  # no former champion
-    "flywheel cycle --domain billing",  # its gate, as `flywheel eval`'s
 )
 
 TRACEBACK = "Traceback (most recent call last)"
