@@ -114,3 +114,22 @@ def test_the_lookup_prefers_the_override_then_the_system_then_the_wheel(
 
     monkeypatch.setenv(requirements.BWRAP_ENV, str(tmp_path / "gone"))  # never falls back
     assert requirements.find_bwrap() is None
+
+
+def test_a_sandbox_run_uses_the_wheels_bwrap_where_the_system_has_none(tmp_path: Path) -> None:
+    """Not only the trial: a real `flywheel sandbox run` passes and fails tests with it."""
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
+    env["PATH"] = _path_with_only(tmp_path, "setpriv")
+    wrong = tmp_path / "wrong.py"
+    wrong.write_text("def add(a, b):\n    return a - b\n", encoding="utf-8")
+    verdicts = []
+    for solution in (examples / "solution.py", wrong):
+        result = subprocess.run(
+            [sys.executable, "-m", "flywheel", "sandbox", "run", "--json",
+             "--solution", str(solution), "--tests", str(examples / "tests.py")],
+            env=env, capture_output=True, text=True, timeout=120, check=False,
+        )  # fmt: skip
+        verdicts.append(json.loads(result.stdout)["reason"] if result.stdout else result.stderr)
+
+    assert verdicts == ["passed", "failed_tests"]
