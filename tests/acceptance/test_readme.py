@@ -137,3 +137,28 @@ def test_the_readme_block_runs(block: Block, workspace: dict[str, str | Path]) -
     assert result.returncode == 0, f"{where}\n{trace}"
     assert TRACEBACK not in result.stderr, f"{block.name}: a traceback\n{trace}"
     assert not API_ERROR.search(result.stdout), f"{block.name}: an API error answer\n{trace}"
+
+
+def test_a_failing_command_is_named_by_its_readme_line(tmp_path: Path) -> None:
+    text = "# Title\n\n## A section\n\n```bash\ntrue\nfalse  # the failing one\necho never\n```\n"
+    (block,) = readme_blocks(text)
+
+    result = subprocess.run(
+        ["bash", "-c", script(block, {})], cwd=tmp_path, capture_output=True, text=True, check=False
+    )
+
+    assert block.name == "README.md:6 (A section)"
+    assert result.returncode == 1
+    assert "README.md:7: false" in result.stderr
+    assert "never" not in result.stdout
+
+
+def test_may_refuse_accepts_a_one_line_error_and_nothing_else(tmp_path: Path) -> None:
+    refusal = "sh -c 'echo \"error: v2 did not pass its gate\" >&2; exit 1'"
+    crash = 'sh -c \'echo "Traceback (most recent call last):" >&2; echo "error: x" >&2; exit 1\''
+    for command, expected in ((refusal, 0), (crash, 1), ("true", 0), ("false", 1)):
+        (block,) = readme_blocks(f"## S\n```bash\nmay_refuse {command}\n```\n")
+        result = subprocess.run(
+            ["bash", "-c", script(block, {})], cwd=tmp_path, capture_output=True, text=True
+        )
+        assert result.returncode == expected, (command, result.stderr)
