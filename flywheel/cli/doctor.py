@@ -82,9 +82,14 @@ def _training() -> list[Requirement]:
     return [Requirement("training libraries", True, ", ".join(TRAINING_LIBRARIES))]
 
 
-def preflight(purpose: str) -> None:
-    """Refuse, in one line naming each missing requirement and its fix, before any work."""
-    missing = [item for item in gather() if item.is_missing]
+def preflight(purpose: str, *, needs_git: bool = False) -> None:
+    """Refuse, in one line naming each missing requirement and its fix, before any work
+    (`needs_git`: git too, optional elsewhere)."""
+    found = gather()
+    if needs_git:
+        found = [dataclasses.replace(item, is_required=item.name == "git" or item.is_required)
+                 for item in found]  # fmt: skip
+    missing = [item for item in found if item.is_missing]
     if missing:
         problems = "; ".join(f"{item.detail} (fix: {item.fix})" for item in missing)
         raise InvalidState(

@@ -71,7 +71,7 @@ class Demo:
 def run_demo(directory: Path, *, quick: bool) -> Demo:
     """Run the demo in `directory` (created; it must not hold a workspace already), once
     every requirement is known to be met."""
-    preflight("flywheel demo")
+    preflight("flywheel demo", needs_git=True)  # its repository is ingested with --history
     demo = Demo(directory.resolve(), quick)
     if demo.home.exists():
         raise InvalidInput(f"{demo.home} already exists: run the demo in an empty directory")

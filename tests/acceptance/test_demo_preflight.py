@@ -56,3 +56,19 @@ def test_a_path_without_setpriv_stops_the_demo_naming_the_package(tmp_path: Path
     assert result.stderr.count("\n") == 1, result.stderr
     assert "setpriv is not installed (fix: apt-get install util-linux)" in result.stderr
     assert not directory.exists()
+
+
+def test_the_demo_needs_git_for_its_repository_history(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bwrap", "setpriv"):
+        (bin_dir / tool).symlink_to(str(shutil.which(tool)))
+
+    result, directory = _demo(tmp_path, PATH=str(bin_dir))
+
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert "git is not installed" in result.stderr
+    assert "(fix: apt-get install git)" in result.stderr
+    assert "setpriv" not in result.stderr
+    assert not directory.exists()
