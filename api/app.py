@@ -31,7 +31,8 @@ def create_app(
         sessions = make_session_factory(engine)
 
     @asynccontextmanager
-    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await app.state.authenticator.warm()
         _freeze_startup_objects()
         yield
         if engine is not None:

@@ -5,7 +5,9 @@ counted against the address it came from, and once an address has spent its budg
 requests that would need a database lookup are refused with 429 (held back a moment) before
 any database work. A prefix found to have no live key is refused from a short cache. A key
 already verified is trusted for the auth cache TTL, then looked up again; its lookups skip
-the address's budget, so a flood from the same address does not lock it out.
+the address's budget, so a flood from the same address does not lock it out. Each process
+starts knowing the keys that are live then (`warm`): with several workers, a key one worker
+has verified is unknown to the others, and from a flooded address it could not be looked up.
 """
 
 from __future__ import annotations
@@ -19,10 +21,24 @@ from fastapi import Request
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
-from api.auth_stores import AddressRefused, AuthStores, KnownKey, make_auth_stores
+from api.auth_stores import (
+    MAX_KNOWN_KEYS,
+    AddressRefused,
+    AuthStores,
+    KnownKey,
+    MemoryKeyCache,
+    make_auth_stores,
+)
 from flywheel.errors import Forbidden, RateLimited, Unauthenticated
 from flywheel.settings import Settings
-from flywheel.tenancy.service import LiveKey, Principal, Scope, load_live_key, split_key
+from flywheel.tenancy.service import (
+    LiveKey,
+    Principal,
+    Scope,
+    load_live_key,
+    load_live_keys,
+    split_key,
+)
 
 AuthFailure = (Unauthenticated, Forbidden, RateLimited)
 
@@ -92,6 +108,21 @@ class KeyAuthenticator:
             raise Unauthenticated("unknown or revoked API key")
         await self._cache.remember(prefix, KnownKey(live=live, verified_at=time.time()))
         return live.principal
+
+    async def warm(self) -> int:
+        """Know the keys live now, as if each had just been verified (in this process's cache;
+        a shared cache knows them already); how many."""
+        if not isinstance(self._cache, MemoryKeyCache):
+            return 0
+        live = await run_in_threadpool(self._load_all)
+        now = time.time()
+        for prefix, key in live.items():
+            await self._cache.remember(prefix, KnownKey(live=key, verified_at=now))
+        return len(live)
+
+    def _load_all(self) -> dict[str, LiveKey]:
+        with self._sessions() as session:
+            return load_live_keys(session=session, limit=MAX_KNOWN_KEYS)
 
     def _load(self, prefix: str) -> LiveKey | None:
         with self._sessions() as session:

@@ -180,6 +180,16 @@ def load_live_key(*, session: Session, prefix: str) -> LiveKey | None:
     key = session.scalar(select(ApiKey).where(ApiKey.prefix == prefix))
     if key is None or key.is_revoked:
         return None
+    return _live(key)
+
+
+def load_live_keys(*, session: Session, limit: int) -> dict[str, LiveKey]:
+    """Up to `limit` live keys, by prefix: what an API process knows from its start."""
+    keys = session.scalars(select(ApiKey).where(ApiKey.revoked_at.is_(None)).limit(limit))
+    return {key.prefix: _live(key) for key in keys}
+
+
+def _live(key: ApiKey) -> LiveKey:
     principal = Principal(key_id=key.id, tenant_id=key.tenant_id, scopes=frozenset(key.scopes))
     return LiveKey(principal=principal, secret_sha256=key.secret_sha256)
 
