@@ -62,7 +62,8 @@ class Settings(BaseSettings):
         default=60.0,
         gt=0,
         description="A running cycle silent this long is presumed dead: another may resume it. "
-        "Keep it <= FLYWHEEL_STALLED_AFTER_S, so a dead worker's retried job finds it stale.",
+        "A dead worker's retried job waits until its run has been silent this long (the run's "
+        "last beat can be newer than its worker's): keep it <= FLYWHEEL_STALLED_AFTER_S.",
     )
 
     scheduler_tick_cron: str = Field(

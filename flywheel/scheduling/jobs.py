@@ -10,7 +10,11 @@ Queues: `gpu` carries cycles (training), `cpu` the scheduler's housekeeping. Tas
   period once (`flywheel.scheduling.schedule`).
 - `flywheel.retry_stalled_jobs` (cpu, periodic, `stalled_retry_cron`): the jobs of workers
   that stopped heart-beating for `stalled_after_s` (killed, machine lost) go back in the queue;
-  the retried cycle resumes its run at the step that was interrupted.
+  the retried cycle resumes its run at the step that was interrupted. The worker's heartbeat
+  (procrastinate's) and the run's (the cycle's own thread) are separate clocks: a worker found
+  stalled may have beaten its run a moment before it died, so a retried job whose run still
+  looks alive waits until the run has been silent for `cycle_stale_after_s`. If the run beats
+  again meanwhile, its process is alive after all, and the job leaves the run to it.
 - `flywheel.prune_jobs` (cpu, daily): finished housekeeping jobs older than a week go.
 
 A cycle's job is deferred on the caller's own database connection, in its transaction: the
@@ -21,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
@@ -39,7 +44,7 @@ from flywheel.errors import Conflict, FlywheelError, InvalidState
 from flywheel.registry.models import Run
 from flywheel.scheduling import schedule
 from flywheel.scheduling.cycle import CycleRequest, run_cycle
-from flywheel.scheduling.runs import queue_cycle, request_cancel
+from flywheel.scheduling.runs import last_beat, queue_cycle, request_cancel
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain
 
@@ -52,6 +57,7 @@ TICK_TASK = "flywheel.tick"
 RETRY_TASK = "flywheel.retry_stalled_jobs"
 PRUNE_TASK = "flywheel.prune_jobs"
 KEEP_FINISHED_JOBS_H = 7 * 24
+SILENCE_MARGIN_S = 0.1  # past the stale threshold, so that `claim_run` finds the run stale
 SCHEMA_LOCK = 0x666C7977  # pg_advisory_xact_lock key: one schema install at a time
 MISSING_SCHEMA = (
     psycopg.errors.UndefinedTable,
@@ -247,7 +253,8 @@ def carry_out(
     """Run (or resume) the queued cycle `run_id`. If it cannot start because another cycle of
     the domain runs outside the workers (`flywheel cycle`), it ends `skipped`; on any other
     error before it started, `failed`: a run never stays queued with no job behind it. (A run
-    that started and then crashed stays `running` until stale, and is resumed.)"""
+    that started and then crashed stays `running` until stale, and is resumed: a job that
+    finds its run `running` first waits for it to go stale, `wait_for_silence`.)"""
     with sessions() as session:
         run = session.get(Run, run_id)
         if run is None:
@@ -256,6 +263,9 @@ def carry_out(
         domain = session.get_one(Domain, run.domain_id)
         trigger = str((run.config or {}).get("trigger", "schedule"))
         request = CycleRequest(run.tenant_id, domain.name, trigger, run_id=run.id)
+        beat = last_beat(run) if run.status == "running" else None
+    if beat is not None:  # a retried job: its dead worker may have beaten the run just now
+        wait_for_silence(run_id, beat, settings.cycle_stale_after_s)
     try:
         return run_cycle(sessions, request, settings).as_json()
     except Conflict as error:
@@ -265,6 +275,18 @@ def carry_out(
         message = error.message if isinstance(error, FlywheelError) else repr(error)
         end_run(sessions, run_id, "failed", message, unless_started=True)
         raise
+
+
+def wait_for_silence(run_id: uuid.UUID, beat: datetime, stale_after_s: float) -> None:
+    """Sleep until a run that last beat at `beat` has been silent for `stale_after_s` (then
+    `claim_run` takes it over, unless it beat again meanwhile: then its process is alive).
+    Never longer than one stale period, whatever the writer's clock said."""
+    remaining = (beat - utcnow()).total_seconds() + stale_after_s + SILENCE_MARGIN_S
+    wait_s = min(max(remaining, 0.0), stale_after_s + SILENCE_MARGIN_S)
+    if wait_s > 0:
+        log.info("run %s beat %.1f s ago: waiting %.1f s for it to go silent",
+                 run_id, (utcnow() - beat).total_seconds(), wait_s)  # fmt: skip
+        time.sleep(wait_s)
 
 
 def end_run(

@@ -186,6 +186,10 @@ def _interrupted(session: Session, domain_id: uuid.UUID, stale_after_s: float) -
     return latest
 
 
+def last_beat(run: Run) -> datetime:
+    """When the run last showed it was alive: its heartbeat, else its start or creation."""
+    return run.heartbeat_at or run.started_at or run.created_at
+
+
 def _is_stale(run: Run, stale_after_s: float) -> bool:
-    beat = run.heartbeat_at or run.started_at or run.created_at
-    return utcnow() - beat > timedelta(seconds=stale_after_s)
+    return utcnow() - last_beat(run) > timedelta(seconds=stale_after_s)
