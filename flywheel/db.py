@@ -90,6 +90,11 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
+    """Sessions on `engine`, with every model mapped: a flush resolves foreign keys across
+    packages (a dataset version names the forget request that tainted it), so a command that
+    imports one package's models only still writes (the CLI imports lazily)."""
+    import flywheel.models  # noqa: F401 - registers every table; imported here: it imports db
+
     return sessionmaker(engine, expire_on_commit=False)
 
 

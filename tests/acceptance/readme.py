@@ -18,7 +18,8 @@ README = ROOT / "README.md"
 FENCE = re.compile(r"^```(\w*)\s*$")
 
 # Run before each block. `may_refuse CMD`: CMD may exit non-zero on the walk-through's tiny
-# data, but only as a refusal: its last stderr line `error: ...`, no traceback.
+# data, but only as a refusal: exit 3 (a gate's or a test run's verdict, printed in full) or
+# its last stderr line `error: ...`, and no traceback.
 PRELUDE = r"""set -euo pipefail
 stop_jobs() { status=$?; { set +x; } 2>/dev/null; jobs -p | xargs -r kill 2>/dev/null; wait; }
 trap 'stop_jobs; exit $status' EXIT
@@ -29,7 +30,8 @@ may_refuse() {
   "$@" 2>"$err" || status=$?
   cat "$err" >&2
   if [ "$status" -ne 0 ]; then
-    if grep -q "Traceback (most recent" "$err" || ! tail -n 1 "$err" | grep -q '^error: '; then
+    if grep -q "Traceback (most recent" "$err" \
+        || { [ "$status" -ne 3 ] && ! tail -n 1 "$err" | grep -q '^error: '; }; then
       echo "DOCS-TEST: '$*' failed (exit $status) without a one-line error" >&2
       set -x
       return 1
