@@ -13,11 +13,13 @@ has verified is unknown to the others, and from a flooded address it could not b
 from __future__ import annotations
 
 import asyncio
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
 
 from fastapi import Request
+from sqlalchemy.exc import SQLAlchemyError
 from sqlalchemy.orm import Session, sessionmaker
 from starlette.concurrency import run_in_threadpool
 
@@ -41,6 +43,7 @@ from flywheel.tenancy.service import (
 )
 
 AuthFailure = (Unauthenticated, Forbidden, RateLimited)
+logger = logging.getLogger(__name__)
 
 
 class KeyAuthenticator:
@@ -111,10 +114,15 @@ class KeyAuthenticator:
 
     async def warm(self) -> int:
         """Know the keys live now, as if each had just been verified (in this process's cache;
-        a shared cache knows them already); how many."""
+        a shared cache knows them already); how many. A database that cannot be read now
+        does not stop the start (`/readyz` says so): keys are then looked up as they come."""
         if not isinstance(self._cache, MemoryKeyCache):
             return 0
-        live = await run_in_threadpool(self._load_all)
+        try:
+            live = await run_in_threadpool(self._load_all)
+        except SQLAlchemyError as error:
+            logger.warning("live API keys not loaded at start: %s", type(error).__name__)
+            return 0
         now = time.time()
         for prefix, key in live.items():
             await self._cache.remember(prefix, KnownKey(live=key, verified_at=now))

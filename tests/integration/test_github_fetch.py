@@ -406,7 +406,7 @@ def test_a_wrong_domain_fails_before_any_request(
 
     code, _, err = run_cli(capsys, "ingest", "tickets", *args, "--domain", "nope")
 
-    assert code == 1
+    assert code == 2  # a name that does not exist: bad input
     assert "nope" in err
     assert github.requests == []
 

@@ -311,7 +311,7 @@ def test_cli_redacts_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     code, out, err = run_cli(capsys, str(path), "--name", "Jane Doe")
 
     assert code == 0
-    greeting = re.fullmatch(r"Hi (\w+) \w+, reach me at \1@example\.\w+\n", out, re.I)
+    greeting = re.fullmatch(r"Hi (\w+) \w+, reach me at \1@(\w+\.)*example\.\w+\n", out, re.I)
     assert greeting is not None, out  # the surrogate name, and the address made of it
     assert "Jane" not in out
     assert "acme" not in out
