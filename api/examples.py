@@ -14,6 +14,40 @@ def body_examples(**examples: Any) -> dict[str, Any]:
 
 MESSAGES = [{"role": "user", "content": "Why was I charged twice this month?"}]
 ANSWER = "You were charged once for May and once for June; the June charge is an early renewal."
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "list_charges",
+            "description": "The customer's charges in a month.",
+            "parameters": {
+                "type": "object",
+                "properties": {"month": {"type": "string", "description": "YYYY-MM"}},
+                "required": ["month"],
+            },
+        },
+    }
+]
+TOOL_CALLING = [
+    {"role": "system", "content": [{"type": "text", "text": "You are Acme's billing agent."}]},
+    {"role": "user", "content": "Why was I charged twice this month?", "name": "u-42"},
+    {
+        "role": "assistant",
+        "content": None,
+        "tool_calls": [
+            {
+                "id": "call_7f3a",
+                "type": "function",
+                "function": {"name": "list_charges", "arguments": '{"month": "2026-06"}'},
+            }
+        ],
+    },
+    {
+        "role": "tool",
+        "tool_call_id": "call_7f3a",
+        "content": '[{"for": "2026-05", "amount": 20}, {"for": "2026-06", "amount": 20}]',
+    },
+]
 ABOUT_INTERACTION = {"interaction_id": "5f0c2f4e-8d7a-4c39-9b7e-1f2a3b4c5d6e", "kind": "rating"}
 
 FEEDBACK_EVENTS: dict[str, dict[str, Any]] = {
@@ -50,6 +84,13 @@ INTERACTION = body_examples(
         "metadata": {"app": "help-center"},
     },
     prompt={"domain": "billing", "prompt": "How do I get an invoice?", "response": ANSWER},
+    tool_calling={
+        "domain": "billing",
+        "messages": TOOL_CALLING,
+        "tools": TOOLS,
+        "response": ANSWER,
+        "model": {"name": "acme.billing", "version": "3"},
+    },
 )
 FEEDBACK = body_examples(**FEEDBACK_EVENTS)
 FEEDBACK_BATCH = body_examples(

@@ -29,6 +29,7 @@ from api.schemas import (
 )
 from flywheel.errors import InvalidInput
 from flywheel.feedback import pages, service
+from flywheel.feedback.values import as_json
 from flywheel.tenancy.service import Principal, Scope
 
 router = APIRouter(prefix="/v1", tags=["interactions and feedback"])
@@ -87,6 +88,7 @@ async def create_interaction(
     new = service.NewInteraction(
         domain=body.domain,
         messages=service.conversation(body.messages, body.prompt),
+        tools=as_json(body.tools),
         response=body.response,
         model_name=body.model.name if body.model else None,
         model_version=body.model.version if body.model else None,
@@ -241,6 +243,7 @@ def _interaction_json(
         id=interaction.id,
         domain=domain,
         messages=interaction.messages,
+        tools=interaction.tools,
         response=interaction.response,
         model=ModelRead(
             name=interaction.model_name,

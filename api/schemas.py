@@ -29,6 +29,7 @@ from flywheel.feedback.values import (
     RatingFeedback,
     StrictModel,
     Text,
+    Tools,
     check_clean_text,
 )
 
@@ -70,6 +71,9 @@ class InteractionCreate(StrictModel):
 
     domain: Name
     messages: Messages | None = None
+    tools: Tools | None = Field(
+        default=None, description="The tools the request offered (OpenAI's function tools)."
+    )
     prompt: Text | None = None
     response: Text
     model: ModelRef | None = None
@@ -124,6 +128,7 @@ class InteractionRead(BaseModel):
     id: uuid.UUID
     domain: str
     messages: list[dict[str, Any]]
+    tools: list[dict[str, Any]] | None
     response: str
     model: ModelRead
     session_id: str | None

@@ -15,18 +15,24 @@
   exported: GRPO learns from the reward, and a solution column is one bug away from a prompt.
   Every trl row's `weight` is the item's sampling weight: the recipes draw rows in proportion
   to it (finetune.sampling).
+  Tool calling (TRL's tool-calling dataset format): messages keep OpenAI's `tool_calls`
+  (each call's `arguments` written as a JSON object, as TRL and transformers' chat templates
+  take them), `tool` turns with their `tool_call_id`, names and text parts; a record that
+  offered tools gets a `tools` column (OpenAI function tools; SFTTrainer passes it to the chat
+  template). Rows without tools have no such column.
 
 `openai` (OpenAI fine-tuning JSONL; only the fields OpenAI accepts):
 
-    {split}/chat.jsonl        {"messages": prompt + [assistant]}       supervised
-    {split}/preference.jsonl  {"input": {"messages": prompt},
+    {split}/chat.jsonl        {"messages": prompt + [assistant], "tools"?}       supervised
+    {split}/preference.jsonl  {"input": {"messages": prompt, "tools"?},
                                "preferred_output": [assistant], "non_preferred_output": [assistant]}
 
   Tasks join chat.jsonl as user prompt + reference solution, and only when a reference
   exists (the others are counted as skipped). KTO labels have no OpenAI format and are not
   read (reported as omitted). OpenAI's per-message `weight` is a 0/1 train mask, not a sample
-  weight, so item weights are dropped; tool turns are refused (OpenAI wants a tool_call_id
-  Flywheel does not keep). Use `train` for the training file and `eval` for validation.
+  weight, so item weights are dropped. Tool calls stay as OpenAI sends them (`arguments` a
+  JSON string), with the record's `tools`; a tool turn without its tool_call_id is refused.
+  Use `train` for the training file and `eval` for validation.
 
 `jsonl` (Flywheel's own full records, every field, hidden tests in their own field):
 
@@ -35,6 +41,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Generic, Literal, TypeVar
@@ -49,6 +56,7 @@ from flywheel.datasets.export_records import (
     check_task,
     checked_prompt,
     checked_text,
+    checked_tools,
     checked_weight,
     refuse,
     task_tests,
@@ -80,36 +88,63 @@ class FileSpec:
 
 
 def trl_sft(record: SftRecord) -> Row:
-    prompt = checked_prompt(record.messages, record.item_id)
+    prompt = _trl_prompt(record.messages, record.item_id)
     completion = assistant_turn(record.completion, "completion", record.item_id)
-    return {
+    row = {
         "messages": prompt + completion,
         "weight": checked_weight(record.weight, record.item_id),
     }
+    return _with_tools(row, record.tools, record.item_id)
+
+
+def _trl_prompt(messages: object, item_id: str) -> list[dict[str, Any]]:
+    """The prompt as TRL's tool-calling format wants it: each call's arguments an object
+    (transformers' chat templates render them), the rest as OpenAI writes it."""
+    return [_object_arguments(message) for message in checked_prompt(messages, item_id)]
+
+
+def _object_arguments(message: dict[str, Any]) -> dict[str, Any]:
+    calls = message.get("tool_calls")
+    if not calls:
+        return message
+    return {**message, "tool_calls": [_call_with_object_arguments(call) for call in calls]}
+
+
+def _call_with_object_arguments(call: dict[str, Any]) -> dict[str, Any]:
+    function = call["function"]
+    return {**call, "function": {**function, "arguments": json.loads(function["arguments"])}}
+
+
+def _with_tools(row: Row, tools: object, item_id: str) -> Row:
+    """The row with a `tools` column when the record offered tools (TRL and OpenAI both)."""
+    checked = checked_tools(tools, item_id)
+    return row if checked is None else {**row, "tools": checked}
 
 
 def trl_dpo(record: PairRecord) -> Row:
     item_id = record.item_id
     if record.chosen == record.rejected:
         raise refuse(item_id, "chosen and rejected are the same text; the pair teaches nothing")
-    return {
-        "prompt": checked_prompt(record.messages, item_id),
+    row = {
+        "prompt": _trl_prompt(record.messages, item_id),
         "chosen": assistant_turn(record.chosen, "chosen", item_id),
         "rejected": assistant_turn(record.rejected, "rejected", item_id),
         "weight": checked_weight(record.weight, item_id),
     }
+    return _with_tools(row, record.tools, item_id)
 
 
 def trl_kto(record: LabelRecord) -> Row:
     item_id = record.item_id
     if not isinstance(record.is_desirable, bool):
         raise refuse(item_id, f"is_desirable must be a bool, got {record.is_desirable!r}")
-    return {
-        "prompt": checked_prompt(record.messages, item_id),
+    row = {
+        "prompt": _trl_prompt(record.messages, item_id),
         "completion": assistant_turn(record.completion, "completion", item_id),
         "label": record.is_desirable,
         "weight": checked_weight(record.weight, item_id),
     }
+    return _with_tools(row, record.tools, item_id)
 
 
 def trl_grpo(record: TaskRecord) -> Row:
@@ -134,16 +169,17 @@ def trl_grpo(record: TaskRecord) -> Row:
 # --- openai --------------------------------------------------------------------------------
 
 
-def _openai_prompt(messages: object, item_id: str) -> list[dict[str, str]]:
+def _openai_prompt(messages: object, item_id: str) -> list[dict[str, Any]]:
     prompt = checked_prompt(messages, item_id)
-    if any(message["role"] == "tool" for message in prompt):
-        raise refuse(item_id, "OpenAI needs a tool_call_id on tool turns, which Flywheel lacks")
+    if any(message["role"] == "tool" and "tool_call_id" not in message for message in prompt):
+        raise refuse(item_id, "OpenAI needs a tool_call_id on tool turns; this one has none")
     return prompt
 
 
 def openai_chat_sft(record: SftRecord) -> Row:
     prompt = _openai_prompt(record.messages, record.item_id)
-    return {"messages": prompt + assistant_turn(record.completion, "completion", record.item_id)}
+    completion = assistant_turn(record.completion, "completion", record.item_id)
+    return _with_tools({"messages": prompt + completion}, record.tools, record.item_id)
 
 
 def openai_chat_task(record: TaskRecord) -> Row | None:
@@ -161,8 +197,9 @@ def openai_chat_task(record: TaskRecord) -> Row | None:
 
 def openai_preference(record: PairRecord) -> Row:
     trl_dpo(record)  # the same checks; OpenAI wants the same pair in its own shape
+    given = {"messages": _openai_prompt(record.messages, record.item_id)}
     return {
-        "input": {"messages": _openai_prompt(record.messages, record.item_id)},
+        "input": _with_tools(given, record.tools, record.item_id),
         "preferred_output": assistant_turn(record.chosen, "chosen", record.item_id),
         "non_preferred_output": assistant_turn(record.rejected, "rejected", record.item_id),
     }

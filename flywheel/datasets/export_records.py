@@ -8,14 +8,19 @@ error naming that item, before any file of the export becomes visible.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from flywheel.errors import InvalidInput
 
-Message = Mapping[str, str]  # {"role": ..., "content": ...}, nothing else
+# OpenAI's chat format: role and content (text, or text parts), and optionally a name, an
+# assistant's tool_calls (content may then be null) or a tool message's tool_call_id.
+Message = Mapping[str, Any]
+Tools = Sequence[Mapping[str, Any]]  # OpenAI function tools: {"type": "function", "function"}
+MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 Kind = Literal["sft", "pairs", "labels", "tasks"]
 KINDS: tuple[Kind, ...] = ("sft", "pairs", "labels", "tasks")
 
@@ -35,6 +40,7 @@ class SftRecord:
     weight: float
     group_key: str
     item_id: str
+    tools: Tools | None = None  # the tools the conversation offered, if any
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,6 +54,7 @@ class PairRecord:
     why: str
     group_key: str
     item_id: str
+    tools: Tools | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +68,7 @@ class LabelRecord:
     group_key: str
     item_id: str
     why: str = ""
+    tools: Tools | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,8 +122,8 @@ def checked_weight(weight: object, item_id: str) -> float:
     return float(weight)
 
 
-def checked_prompt(messages: object, item_id: str) -> list[dict[str, str]]:
-    """The prompt as plain `{"role", "content"}` dicts, ending on the turn the reply answers."""
+def checked_prompt(messages: object, item_id: str) -> list[dict[str, Any]]:
+    """The prompt as OpenAI-format message dicts, ending on the turn the reply answers."""
     if isinstance(messages, str | bytes) or not isinstance(messages, Sequence) or not messages:
         raise refuse(item_id, "messages must be a non-empty list of {role, content}")
     checked = [_checked_message(message, index, item_id) for index, message in enumerate(messages)]
@@ -128,14 +136,78 @@ def checked_prompt(messages: object, item_id: str) -> list[dict[str, str]]:
     return checked
 
 
-def _checked_message(message: object, index: int, item_id: str) -> dict[str, str]:
-    if not isinstance(message, Mapping) or set(message) != {"role", "content"}:
-        raise refuse(item_id, f"message {index} must have exactly the keys role and content")
+def _checked_message(message: object, index: int, item_id: str) -> dict[str, Any]:
+    if not isinstance(message, Mapping) or not {"role"} <= set(message) <= MESSAGE_KEYS:
+        unknown = sorted(set(message) - MESSAGE_KEYS) if isinstance(message, Mapping) else []
+        raise refuse(item_id, f"message {index} has unknown keys {unknown} (or no role)")
     role = message["role"]
     if role not in ROLES:
         raise refuse(item_id, f"message {index} has role {role!r}; expected one of {sorted(ROLES)}")
-    content = checked_text(message["content"], f"message {index} content", item_id)
-    return {"role": role, "content": content}
+    checked = dict(message)
+    if role == "assistant" and message.get("tool_calls") is not None:
+        checked["tool_calls"] = _checked_calls(message["tool_calls"], item_id)
+    elif isinstance(message.get("content"), list):
+        _checked_parts(message["content"], f"message {index} content", item_id)
+    else:
+        checked["content"] = checked_text(
+            message.get("content"), f"message {index} content", item_id
+        )
+    if "tool_call_id" in message:
+        checked_text(message["tool_call_id"], "tool_call_id", item_id)
+    return checked
+
+
+def _checked_parts(parts: list[Any], what: str, item_id: str) -> None:
+    for part in parts:
+        if not isinstance(part, Mapping) or part.get("type") != "text":
+            raise refuse(item_id, f"{what} parts must be text parts")
+        checked_text(part.get("text"), what, item_id)
+
+
+def _checked_calls(calls: object, item_id: str) -> list[dict[str, Any]]:
+    if not isinstance(calls, list) or not calls:
+        raise refuse(item_id, "tool_calls must be a non-empty list")
+    return [_checked_call(call, index, item_id) for index, call in enumerate(calls)]
+
+
+def _checked_call(call: object, index: int, item_id: str) -> dict[str, Any]:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    name = function.get("name") if isinstance(function, Mapping) else None
+    if not isinstance(call, Mapping) or not isinstance(name, str) or not name:
+        raise refuse(item_id, f"tool call {index} needs a function name")
+    assert isinstance(function, Mapping)  # a name was found in it
+    if not isinstance(_json_or_none(function.get("arguments")), dict):
+        raise refuse(item_id, f"tool call {index}'s arguments must be a JSON object (as a string)")
+    return dict(call)
+
+
+def _json_or_none(text: object) -> object:
+    if not isinstance(text, str):
+        return None
+    try:
+        parsed: object = json.loads(text)
+    except ValueError:
+        return None
+    return parsed
+
+
+def checked_tools(tools: object, item_id: str) -> list[dict[str, Any]] | None:
+    """The record's tools as OpenAI function tools, or None when it has none."""
+    if tools is None:
+        return None
+    if not isinstance(tools, Sequence) or not all(_is_function_tool(tool) for tool in tools):
+        raise refuse(item_id, "tools must be a list of function tools {type, function{name}}")
+    return [dict(tool) for tool in tools]
+
+
+def _is_function_tool(tool: object) -> bool:
+    function = tool.get("function") if isinstance(tool, Mapping) else None
+    return (
+        isinstance(tool, Mapping)
+        and tool.get("type") == "function"
+        and isinstance(function, Mapping)
+        and isinstance(function.get("name"), str)
+    )
 
 
 def assistant_turn(text: object, what: str, item_id: str) -> list[dict[str, str]]:

@@ -29,6 +29,8 @@ class Interaction(IdMixin, Base):
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
     domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
     messages: Mapped[list[Any]] = mapped_column(JsonType)
+    # The request's tool definitions (OpenAI function tools), when it offered any.
+    tools: Mapped[list[Any] | None] = mapped_column(JsonType)
     response: Mapped[str] = mapped_column(Text)
     model_name: Mapped[str | None] = mapped_column(String(255))
     model_version: Mapped[str | None] = mapped_column(String(255))
@@ -66,6 +68,7 @@ class FeedbackEvent(IdMixin, Base):
     kind: Mapped[str] = mapped_column(String(16))
     value: Mapped[dict[str, Any]] = mapped_column(JsonType)
     messages: Mapped[list[Any] | None] = mapped_column(JsonType)
+    tools: Mapped[list[Any] | None] = mapped_column(JsonType)
     response: Mapped[str | None] = mapped_column(Text)
     rater: Mapped[str | None] = mapped_column(String(255))
     event_id: Mapped[str | None] = mapped_column(String(255))

@@ -43,6 +43,7 @@ class NewInteraction:
     adapter: str | None = None
     session_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,7 @@ class NewFeedback:
     response: str | None = None
     rater: str | None = None
     event_id: str | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -83,6 +85,7 @@ def new_feedback(body: FeedbackCreate) -> NewFeedback:
         response=body.response,
         rater=body.rater,
         event_id=body.event_id,
+        tools=as_json(body.tools),
     )
 
 
@@ -105,8 +108,24 @@ def request_fingerprint(item: NewInteraction | NewFeedback | Sequence[NewFeedbac
     Stored with every row to recognise replays: changing this encoding makes stored rows
     look like different requests, so change it only with a migration that rehashes.
     """
-    canonical = orjson.dumps(item, option=orjson.OPT_SORT_KEYS)
+    canonical = orjson.dumps(
+        item, default=_without_absent_tools, option=orjson.OPT_SORT_KEYS | PASSTHROUGH
+    )
     return hashlib.sha256(canonical).hexdigest()
+
+
+PASSTHROUGH = orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _without_absent_tools(item: object) -> dict[str, Any]:
+    """A request's fields; `tools` only when given, so requests from before tools existed
+    keep the fingerprints stored with them."""
+    if not isinstance(item, NewInteraction | NewFeedback):
+        raise TypeError(f"cannot fingerprint {type(item).__name__}")
+    fields = dict(item.__dict__)
+    if fields["tools"] is None:
+        del fields["tools"]
+    return fields
 
 
 def record_interaction(
@@ -124,6 +143,7 @@ def record_interaction(
         "created_at": utcnow(),
         "tenant_id": tenant_id,
         "messages": new.messages,
+        "tools": new.tools,
         "response": new.response,
         "model_name": new.model_name,
         "model_version": new.model_version,
@@ -371,6 +391,7 @@ def _feedback_row(
         "kind": event.kind,
         "value": event.value,
         "messages": event.messages,
+        "tools": event.tools,
         "response": event.response,
         "rater": event.rater,
         "event_id": event.event_id,

@@ -11,6 +11,7 @@ import math
 import uuid
 from typing import Annotated, Any, Literal, Self
 
+import orjson
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -27,6 +28,10 @@ MAX_TEXT_CHARS = 200_000
 MAX_NAME_CHARS = 255
 MAX_MESSAGES = 1_000
 MAX_METADATA_DEPTH = 8
+MAX_SCHEMA_DEPTH = 32  # JSON Schemas and tool arguments nest deeper than metadata
+MAX_TOOL_CALLS = 128
+MAX_TOOLS = 128  # OpenAI's limit per request
+MAX_TOOLS_BYTES = 256_000  # within the default 1 MiB body limit
 
 
 def check_clean_text(value: str) -> str:
@@ -40,13 +45,15 @@ def check_clean_text(value: str) -> str:
     return value
 
 
-def check_clean_json(value: JsonValue, depth: int = 0) -> JsonValue:
+def check_clean_json(
+    value: JsonValue, depth: int = 0, limit: int = MAX_METADATA_DEPTH
+) -> JsonValue:
     """Check every string (keys included) and number of a JSON value, and bound its nesting.
 
     Numbers must be finite and integers fit in 64 bits, as every JSON consumer can read them.
     """
-    if depth > MAX_METADATA_DEPTH:
-        raise ValueError(f"metadata nests deeper than {MAX_METADATA_DEPTH} levels")
+    if depth > limit:
+        raise ValueError(f"JSON value nests deeper than {limit} levels")
     if isinstance(value, str):
         check_clean_text(value)
     elif isinstance(value, bool):
@@ -58,10 +65,10 @@ def check_clean_json(value: JsonValue, depth: int = 0) -> JsonValue:
     elif isinstance(value, dict):
         for key, item in value.items():
             check_clean_text(key)
-            check_clean_json(item, depth + 1)
+            check_clean_json(item, depth + 1, limit)
     elif isinstance(value, list):
         for item in value:
-            check_clean_json(item, depth + 1)
+            check_clean_json(item, depth + 1, limit)
     return value
 
 
@@ -76,6 +83,14 @@ Name = Annotated[
 Metadata = Annotated[dict[str, JsonValue], AfterValidator(check_clean_json)]
 
 
+def _check_schema(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    check_clean_json(value, limit=MAX_SCHEMA_DEPTH)
+    return value
+
+
+JsonSchema = Annotated[dict[str, JsonValue], AfterValidator(_check_schema)]
+
+
 class StrictModel(BaseModel):
     """Unknown fields are rejected. Numbers and booleans are `Strict*`: "5" is not 5.
 
@@ -86,12 +101,129 @@ class StrictModel(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class TextPart(StrictModel):
+    """A text content part, as OpenAI's chat format writes `content` as a list."""
+
+    type: Literal["text"]
+    text: Text
+
+
+def parse_arguments(value: str) -> JsonValue:
+    """A tool call's `arguments`: a JSON string that parses to an object (checked as metadata)."""
+    try:
+        parsed = orjson.loads(value)
+    except orjson.JSONDecodeError as error:
+        raise ValueError(f"tool call arguments are not valid JSON: {error}") from None
+    if not isinstance(parsed, dict):
+        raise ValueError("tool call arguments must be a JSON object")
+    return check_clean_json(parsed, limit=MAX_SCHEMA_DEPTH)
+
+
+def _check_arguments(value: str) -> str:
+    parse_arguments(value)
+    return value
+
+
+Arguments = Annotated[
+    str,
+    StringConstraints(max_length=MAX_TEXT_CHARS),
+    AfterValidator(check_clean_text),
+    AfterValidator(_check_arguments),
+]
+
+
+class FunctionCall(StrictModel):
+    name: Name
+    arguments: Arguments = Field(description="A JSON object, as a string (OpenAI's format).")
+
+
+class ToolCall(StrictModel):
+    """One call an assistant turn makes: OpenAI's `tool_calls` item."""
+
+    id: Name
+    type: Literal["function"]
+    function: FunctionCall
+
+
+ToolCalls = Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOL_CALLS)]
+Content = Text | Annotated[list[TextPart], Field(min_length=1, max_length=MAX_MESSAGES)]
+
+
 class Message(StrictModel):
+    """One chat message in OpenAI's format: text (or text parts), or an assistant's tool calls
+    (`content` may then be null), or a `tool` message answering a call by `tool_call_id`."""
+
     role: Literal["system", "user", "assistant", "tool"]
-    content: Text
+    content: Content | None = None
+    name: Name | None = None
+    tool_calls: ToolCalls | None = None
+    tool_call_id: Name | None = None
+
+    @model_validator(mode="after")
+    def _shape(self) -> Self:
+        if self.tool_calls is not None and self.role != "assistant":
+            raise ValueError("only an assistant message has tool_calls")
+        if (self.tool_call_id is not None) != (self.role == "tool"):
+            raise ValueError("a tool message needs tool_call_id; other messages have none")
+        if self.role == "assistant":
+            if self.content is None and self.tool_calls is None:
+                raise ValueError("an assistant message needs content or tool_calls")
+        elif self.content is None:
+            raise ValueError(f"a {self.role} message needs content")
+        return self
 
 
-Messages = Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+def check_tool_flow(messages: list[Message]) -> list[Message]:
+    """Tool call ids are unique in a conversation and each tool message answers an earlier one."""
+    called: set[str] = set()
+    for message in messages:
+        if message.tool_call_id is not None and message.tool_call_id not in called:
+            raise ValueError(
+                f"tool message answers tool_call_id {message.tool_call_id!r}, "
+                "which no earlier assistant message called"
+            )
+        for call in message.tool_calls or ():
+            if call.id in called:
+                raise ValueError(f"tool call id {call.id!r} is used twice in the conversation")
+            called.add(call.id)
+    return messages
+
+
+Messages = Annotated[
+    list[Message],
+    Field(min_length=1, max_length=MAX_MESSAGES),
+    AfterValidator(check_tool_flow),
+]
+
+
+class FunctionDefinition(StrictModel):
+    name: Name
+    description: Text | None = None
+    parameters: JsonSchema | None = Field(
+        default=None, description="The arguments' JSON Schema (an object)."
+    )
+    strict: StrictBool | None = None
+
+
+class ToolDefinition(StrictModel):
+    """A tool the request offered the model: OpenAI's function tool schema."""
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
+def check_tools_size(tools: list[ToolDefinition]) -> list[ToolDefinition]:
+    size = sum(len(orjson.dumps(tool.model_dump(mode="json"))) for tool in tools)
+    if size > MAX_TOOLS_BYTES:
+        raise ValueError(f"tools take {size} bytes as JSON; at most {MAX_TOOLS_BYTES}")
+    return tools
+
+
+Tools = Annotated[
+    list[ToolDefinition],
+    Field(min_length=1, max_length=MAX_TOOLS),
+    AfterValidator(check_tools_size),
+]
 
 
 class ModelRef(StrictModel):
@@ -167,6 +299,7 @@ class _FeedbackBase(StrictModel):
     interaction_id: uuid.UUID | None = None
     domain: Name | None = None
     messages: Messages | None = None
+    tools: Tools | None = None
     prompt: Text | None = None
     response: Text | None = None
     rater: Name | None = Field(default=None, description="A pseudonymous rater id.")
@@ -179,7 +312,9 @@ class _FeedbackBase(StrictModel):
             raise ValueError("give exactly one of 'interaction_id' or 'domain'")
         if self.messages is not None and self.prompt is not None:
             raise ValueError("give at most one of 'messages' or 'prompt'")
-        if self.interaction_id is not None and (has_context or self.response is not None):
+        if self.interaction_id is not None and (
+            has_context or self.response is not None or self.tools is not None
+        ):
             raise ValueError("feedback on an interaction_id takes its conversation from it")
         if self.domain is not None and not self._carries_own_context(has_context):
             raise ValueError(

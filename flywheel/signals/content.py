@@ -75,12 +75,39 @@ def prompt_key(messages: Sequence[Mapping[str, Any]]) -> str:
     >>> prompt_key([system, {"role": "user", "content": " 2+2? "}]) == task_prompt_key("2+2?")
     True
     """
-    turns = [
-        [str(message.get("role", "")), normalise_text(str(message.get("content") or ""))]
-        for message in messages
-        if message.get("role") != "system"
-    ]
+    turns = [_turn(message) for message in messages if message.get("role") != "system"]
     return digest("prompt", turns)
+
+
+def message_text(message: Mapping[str, Any]) -> str:
+    """A message's text content: the string, or its text parts one per line ("" for none)."""
+    content = message.get("content")
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        return "\n".join(
+            part["text"]
+            for part in content
+            if isinstance(part, Mapping) and isinstance(part.get("text"), str)
+        )
+    return "" if content is None else str(content)
+
+
+def _turn(message: Mapping[str, Any]) -> list[Any]:
+    """[role, text], and an assistant's tool calls (name, arguments) when it made any: a
+    message without calls keys as it did before tool calls were kept."""
+    turn: list[Any] = [str(message.get("role", "")), normalise_text(message_text(message))]
+    calls = message.get("tool_calls")
+    if isinstance(calls, list) and calls:
+        turn.append([_call_key(call) for call in calls])
+    return turn
+
+
+def _call_key(call: Any) -> list[str]:
+    function = call.get("function") if isinstance(call, Mapping) else None
+    if not isinstance(function, Mapping):
+        return ["", ""]
+    return [str(function.get("name", "")), normalise_text(str(function.get("arguments", "")))]
 
 
 def task_prompt_key(prompt: str) -> str:

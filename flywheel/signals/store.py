@@ -30,6 +30,7 @@ from flywheel.signals.candidates import (
     TaskCandidate,
 )
 from flywheel.signals.content import content_sha256
+from flywheel.signals.message_texts import map_texts
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
 SIGNAL_TABLES: dict[str, Table] = {
@@ -221,7 +222,8 @@ class _Redactor:
         return None if value is None else self.text(value)
 
     def messages(self, messages: Messages) -> Messages:
-        return [{**message, "content": self.text(message["content"])} for message in messages]
+        # Every text: contents, text parts, names, tool call arguments' strings, tool results.
+        return [map_texts(message, self.text) for message in messages]
 
 
 def _signal_row(

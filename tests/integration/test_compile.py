@@ -711,3 +711,49 @@ def test_hashes_from_normalised_parts_are_the_content_hashes() -> None:
 )
 def test_the_normalising_shortcut_equals_the_full_normalisation(raw: str) -> None:
     assert normalise_text(raw) == content._normalise_fully(raw)
+
+
+def test_redaction_reaches_tool_call_arguments_and_tool_results_with_one_surrogate(
+    feedback: Feedback, sessions: sessionmaker[Session]
+) -> None:
+    conversation: list[dict[str, Any]] = [
+        {"role": "user", "content": "Resend my receipt to jane.doe@example.com"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {
+                        "name": "send_receipt",
+                        "arguments": '{"to": "jane.doe@example.com", "copies": 1}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sent to jane.doe@example.com"},
+    ]
+    answer = feedback.interaction("Done.", conversation)  # type: ignore[arg-type]
+    feedback.thumbs(answer, up=False, rater="u1")
+
+    feedback.compile()
+
+    with sessions() as session:
+        label = session.scalars(select(LabeledCompletion)).one()
+    stored = label.messages
+    arguments = orjson.loads(stored[1]["tool_calls"][0]["function"]["arguments"])
+    surrogate = arguments["to"]
+    assert "jane" not in orjson.dumps(stored).decode()
+    assert re.fullmatch(r"\S+@(?:mail\.)?example\.\w+", surrogate), surrogate
+    assert arguments["copies"] == 1
+    assert stored[0]["content"] == f"Resend my receipt to {surrogate}"
+    assert stored[2] == {
+        "role": "tool",
+        "tool_call_id": "call_1",
+        "content": f"sent to {surrogate}",
+    }
+    assert stored[1]["tool_calls"][0]["function"]["name"] == "send_receipt"
+    assert stored[1]["content"] is None
+    assert label.redaction_report == {"EMAIL": 3}
+    assert label.group_key == content_sha256("prompt", conversation)

@@ -182,3 +182,48 @@ def test_a_code_task_keeps_the_names_its_tests_expect(
     assert stored.hidden_tests == tests
     assert "ops@acme.io" not in stored.prompt
     assert stored.redaction_report == {"EMAIL": 1}
+
+
+def test_an_ingested_tool_call_is_redacted_inside_its_arguments_with_the_threads_surrogate(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    import orjson
+
+    messages = [
+        {"role": "user", "content": "I am Maria Lopez, resend my receipt"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "call_1",
+                    "type": "function",
+                    "function": {
+                        "name": "send_receipt",
+                        "arguments": '{"customer": "Maria Lopez", "copies": 2}',
+                    },
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "call_1", "content": "sent to Maria Lopez"},
+    ]
+    candidate = SftCandidate(
+        provenance=Provenance(
+            source_kind="ticket",
+            source_ref="zendesk:99",
+            group_key="zendesk:99",
+            names=("Maria Lopez",),
+        ),
+        messages=messages,
+        completion="Hi Maria Lopez, done.",
+    )
+    store(sessions, acme, candidate)
+
+    with sessions() as session:
+        row = session.scalars(select(SftExample)).one()
+    first, last = assert_surrogated(row.completion)
+    arguments = orjson.loads(row.messages[1]["tool_calls"][0]["function"]["arguments"])
+    assert arguments == {"customer": f"{first} {last}", "copies": 2}
+    assert row.messages[2]["content"] == f"sent to {first} {last}"
+    assert row.messages[0]["content"] == f"I am {first} {last}, resend my receipt"
+    assert "Maria" not in orjson.dumps(row.messages).decode()

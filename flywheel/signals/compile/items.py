@@ -28,6 +28,7 @@ from flywheel.signals.compile.evidence import COMPARISON, CORRECTION, SCORE, TIE
 from flywheel.signals.compile.rules import PromptEvidence, Scores, Verdicts, Votes
 from flywheel.signals.compile.writer import Writer
 from flywheel.signals.content import messages_digest, normalise_text
+from flywheel.signals.message_texts import map_texts
 
 MAX_SOURCE_REF = 1024
 TEXT_CACHE_SIZE = 200_000
@@ -128,25 +129,21 @@ def group_key_of(messages_json: str) -> str:
 
 def _prompt(messages_json: str, texts: Texts) -> Prompt:
     messages = orjson.loads(messages_json)
-    normal = [
-        _normal_message(message, texts.normal(message["content"]), texts) for message in messages
-    ]
+    normal = [_normal_json(message, texts) for message in messages]
     normal_json = orjson.dumps(normal)
     group_key = messages_digest("prompt", normal_json)  # the conversation as sent
     counts: Counter[str] = Counter()
-    cleans = [texts(message["content"], group_key) for message in messages]
-    for clean in cleans:
+
+    def redacted(raw: str) -> str:
+        clean = texts(raw, group_key)
         counts.update(clean.counts)
+        return clean.text
+
+    # Every text: contents, text parts, names, tool call arguments' strings, tool results.
+    stored = [map_texts(message, redacted) for message in messages]
     if counts:  # the conversation as stored differs from the one that defines the group
-        stored = [
-            {**message, "content": clean.text}
-            for message, clean in zip(messages, cleans, strict=True)
-        ]
         messages_json = orjson.dumps(stored).decode()
-        normal = [
-            _normal_message(message, clean.normal, texts)
-            for message, clean in zip(messages, cleans, strict=True)
-        ]
+        normal = [_normal_json(message, texts) for message in stored]
         normal_json = orjson.dumps(normal)
     return Prompt(
         group_key=group_key,
@@ -155,14 +152,6 @@ def _prompt(messages_json: str, texts: Texts) -> Prompt:
         normal_json=normal_json,
         counts=counts,
     )
-
-
-def _normal_message(message: dict[str, Any], content: str, texts: Texts) -> dict[str, Any]:
-    """The message as `content_sha256` normalises it: keys sorted, strings normalised."""
-    return {
-        key: content if key == "content" else _normal_json(value, texts)
-        for key, value in sorted(message.items())
-    }
 
 
 def _normal_json(value: Any, texts: Texts) -> Any:
