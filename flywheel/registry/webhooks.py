@@ -184,8 +184,8 @@ def wire_body(row: WebhookDelivery, *, at: datetime) -> bytes:
 
 def backoff_s(attempts: int, settings: Settings) -> float:
     """The wait after the `attempts`-th failed attempt: doubling, capped, 50-100% of it."""
-    delay = min(settings.webhook_backoff_max_s, settings.webhook_backoff_s * 2 ** (attempts - 1))
-    return delay * (1 - random.random() / 2)  # noqa: S311 - jitter, not a secret
+    delay = min(settings.webhook_backoff_max_s, settings.webhook_backoff_s * 2.0 ** (attempts - 1))
+    return delay * (1 - random.random() / 2)  # jitter, not a secret
 
 
 @dataclass
@@ -351,19 +351,21 @@ def _record(
         )
 
 
-def deliver_after_move(sessions: sessionmaker[Session], promotion_event_id: uuid.UUID) -> None:
+def deliver_after_move(
+    sessions: sessionmaker[Session], promotion_event_id: uuid.UUID
+) -> DeliveryReport:
     """Best effort, right after a move committed: its webhooks, for at most
     FLYWHEEL_WEBHOOK_SEND_BUDGET_S. Never raises: what is left waits for a later sender."""
     try:
         settings = Settings()
-        deliver_due(
+        return deliver_due(
             sessions,
             budget_s=settings.webhook_send_budget_s,
             scope=Scope(promotion_event_id=promotion_event_id),
             settings=settings,
         )
-    except Exception:  # noqa: BLE001 - the move is done; its webhooks are retried later
-        return
+    except Exception as error:  # the move is done; its webhooks are retried later
+        return DeliveryReport(errors=[f"webhooks not sent yet: {type(error).__name__}: {error}"])
 
 
 @dataclass(frozen=True)
