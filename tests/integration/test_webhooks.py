@@ -8,6 +8,7 @@ import json
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -51,6 +52,13 @@ class Receiver:
 
 @pytest.fixture
 def receiver() -> Iterator[Receiver]:
+    with serve_receiver() as state:
+        yield state
+
+
+@contextmanager
+def serve_receiver() -> Iterator[Receiver]:
+    """A receiver on a loopback port, in a thread, for the block."""
     state = Receiver(url="")
 
     class Handler(BaseHTTPRequestHandler):
