@@ -335,3 +335,25 @@ def test_a_domain_config_adds_its_own_urls_and_a_bad_one_is_refused(
     bad = Domain(name="billing", config={"webhooks": ["ftp://x", "not a url"]})
     with pytest.raises(InvalidInput, match=r"billing's webhooks config: 0: "):
         webhooks.domain_webhooks(bad)
+
+
+@pytest.mark.parametrize("listed", ["webhooks: [ftp://x]", "webhooks: 'http://a'", "webhooks: [1]"])
+def test_configure_refuses_a_bad_webhooks_list_in_one_line(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    listed: str,
+) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(listed, encoding="utf-8")
+
+    code, _, err = run_cli(
+        capsys, "domains", "configure", "billing", "--tenant", "acme", "--file", str(path)
+    )
+
+    assert code != 0
+    assert "billing's webhooks config" in err
+    assert len(err.strip().splitlines()) == 1
+    with on_test_database() as session:
+        assert get_domain(session, acme.tenant_id, "billing").config == {}
