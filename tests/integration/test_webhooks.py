@@ -14,6 +14,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -22,6 +23,8 @@ from flywheel.errors import InvalidInput, RegistryUnavailable
 from flywheel.models import Domain, PromotionEvent, WebhookDelivery
 from flywheel.registry import service, webhooks
 from flywheel.registry.mlflow_registry import MlflowRegistry
+from flywheel.scheduling.jobs import WEBHOOKS_TASK, make_job_app
+from flywheel.settings import Settings
 from flywheel.tenancy.service import get_domain
 from tests.conftest import Caller, run_cli
 from tests.integration.test_registry import PASSED, _free_port, register
@@ -65,7 +68,7 @@ def serve_receiver() -> Iterator[Receiver]:
         def do_POST(self) -> None:
             body = self.rfile.read(int(self.headers["Content-Length"]))
             signed = webhooks.verify_signature(SECRET, body, self.headers["X-Flywheel-Signature"])
-            headers = {name: value for name, value in self.headers.items()}
+            headers = dict(self.headers.items())
             state.received.append(Received(headers, body, signed, time.monotonic()))
             code = state.codes.pop(0) if state.codes else (200 if signed else 401)
             self.send_response(code)
@@ -159,9 +162,8 @@ def test_a_promotion_and_a_rollback_each_send_one_signed_webhook(
         "promoted_at": event.created_at.isoformat(),
     }
     assert str(data["actor"]).startswith("cli:")
-    assert str(data["adapter_uri"]).startswith("runs:/") and str(data["adapter_uri"]).endswith(
-        "/adapter"
-    )
+    assert str(data["adapter_uri"]).startswith("runs:/")
+    assert str(data["adapter_uri"]).endswith("/adapter")
     (row,) = deliveries(on_test_database)
     assert sent.headers["X-Flywheel-Delivery"] == envelope["delivery_id"] == str(row.id)
     assert (row.status, row.attempts, row.last_status_code) == ("delivered", 1, 200)
@@ -223,7 +225,8 @@ def test_a_receiver_that_is_down_is_recorded_failed_and_the_promotion_stands(
     assert "champion is now v1" in out
     (row,) = deliveries(on_test_database)
     assert (row.status, row.attempts, row.last_status_code) == ("failed", 3, None)
-    assert row.last_error is not None and "ConnectError" in row.last_error
+    assert row.last_error is not None
+    assert "ConnectError" in row.last_error
     assert row.next_attempt_at is None
     with on_test_database() as session:
         assert len(session.scalars(select(PromotionEvent)).all()) == 1
@@ -357,3 +360,32 @@ def test_configure_refuses_a_bad_webhooks_list_in_one_line(
     assert len(err.strip().splitlines()) == 1
     with on_test_database() as session:
         assert get_domain(session, acme.tenant_id, "billing").config == {}
+
+
+@pytest.mark.postgres_only
+def test_the_workers_periodic_task_delivers_what_is_due(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    settings: Settings,
+    tracking_uri: str,
+    tmp_path: Path,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A move whose webhook could not be sent at once (here: a cycle's, or a 503) is sent by
+    the worker's every-minute task."""
+    register(on_test_database, MlflowRegistry(tracking_uri), acme, tmp_path, "a", PASSED)
+    configure(monkeypatch, receiver.url, backoff="0.01", send_budget_s="0")
+    receiver.codes = [503]
+    assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1")[0] == 0
+    assert [row.status for row in deliveries(on_test_database)] == ["pending"]
+    app = make_job_app(
+        settings.model_copy(update={"webhook_secret": SecretStr(SECRET)}), on_test_database
+    )
+
+    result = app.tasks[WEBHOOKS_TASK].func(timestamp=int(time.time()))
+
+    assert result == {"delivered": 1, "failed": 0, "retried": 0, "errors": []}
+    assert [row.status for row in deliveries(on_test_database)] == ["delivered"]
+    assert [item.is_signed for item in receiver.received] == [True, True]
