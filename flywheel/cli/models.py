@@ -148,15 +148,17 @@ def watch(
 ) -> None:
     """Compare the champion's live thumbs-up rate with its predecessor's; roll back when the
     drop is significant and the domain's config has auto_rollback."""
+    from flywheel.db import unit_of_work
     from flywheel.registry.watch import watch_domain
+    from flywheel.registry.webhooks import Scope, deliver_soon
     from flywheel.tenancy.service import get_domain
 
-    with database_session() as session:
-        result = watch_domain(
-            session=session,
-            registry=_registry(),
-            domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
-        )
+    with database_sessions() as sessions:
+        with unit_of_work(sessions) as session:
+            found = get_domain(session, resolve_tenant_id(session, tenant), domain)
+            result = watch_domain(session=session, registry=_registry(), domain=found)
+        if result.rolled_back_to:  # committed: now tell serving stacks
+            deliver_soon(sessions, Scope(domain_id=found.id))
     verdict = "FLAGGED: " if result.is_flagged else ""
     back = f"; rolled back to v{result.rolled_back_to}" if result.rolled_back_to else ""
     emit(result.as_json(), as_json=as_json, text=f"{domain}: {verdict}{result.reason}{back}")

@@ -354,15 +354,17 @@ def _record(
 def deliver_after_move(
     sessions: sessionmaker[Session], promotion_event_id: uuid.UUID
 ) -> DeliveryReport:
-    """Best effort, right after a move committed: its webhooks, for at most
-    FLYWHEEL_WEBHOOK_SEND_BUDGET_S. Never raises: what is left waits for a later sender."""
+    """Best effort, right after a move committed: its webhooks (see `deliver_soon`)."""
+    return deliver_soon(sessions, Scope(promotion_event_id=promotion_event_id))
+
+
+def deliver_soon(sessions: sessionmaker[Session], scope: Scope) -> DeliveryReport:
+    """Best effort: the pending webhooks in `scope`, for at most FLYWHEEL_WEBHOOK_SEND_BUDGET_S.
+    Never raises: what is left waits for a later sender."""
     try:
         settings = Settings()
         return deliver_due(
-            sessions,
-            budget_s=settings.webhook_send_budget_s,
-            scope=Scope(promotion_event_id=promotion_event_id),
-            settings=settings,
+            sessions, budget_s=settings.webhook_send_budget_s, scope=scope, settings=settings
         )
     except Exception as error:  # the move is done; its webhooks are retried later
         return DeliveryReport(errors=[f"webhooks not sent yet: {type(error).__name__}: {error}"])

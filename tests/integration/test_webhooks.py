@@ -28,6 +28,7 @@ from flywheel.settings import Settings
 from flywheel.tenancy.service import get_domain
 from tests.conftest import Caller, run_cli
 from tests.integration.test_registry import PASSED, _free_port, register
+from tests.integration.test_watch import served
 
 SECRET = "s3cret-for-tests"
 
@@ -389,3 +390,65 @@ def test_the_workers_periodic_task_delivers_what_is_due(
     assert result == {"delivered": 1, "failed": 0, "retried": 0, "errors": []}
     assert [row.status for row in deliveries(on_test_database)] == ["delivered"]
     assert [item.is_signed for item in receiver.received] == [True, True]
+
+
+def test_an_automatic_rollback_by_the_watch_is_announced(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    registry = MlflowRegistry(tracking_uri)
+    register(on_test_database, registry, acme, tmp_path, "one", PASSED)
+    register(on_test_database, registry, acme, tmp_path, "two", PASSED)
+    for version in ("1", "2"):
+        assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", version)[0] == 0
+    served(on_test_database, acme, "1", ups=40, downs=10)
+    served(on_test_database, acme, "2", ups=20, downs=30)
+    with unit_of_work(on_test_database) as session:
+        get_domain(session, acme.tenant_id, "billing").config = {"auto_rollback": True}
+    configure(monkeypatch, receiver.url)
+
+    code, out, err = run_cli(capsys, "models", "watch", "--domain", "billing", "--json")
+
+    assert code == 0, err
+    assert json.loads(out)["rolled_back_to"] == "1"
+    assert [item.headers["X-Flywheel-Event"] for item in receiver.received] == ["rolled_back"]
+    assert receiver.received[0].is_signed
+    data = receiver.payloads()[0]["data"]
+    assert isinstance(data, dict)
+    assert (data["action"], data["actor"], data["to_version"]) == ("auto_rollback", "watch", "1")
+
+
+def test_two_senders_never_send_the_same_attempt(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The claim is a compare-and-set on the attempt count: of two senders that read the same
+    due row, one takes it; the other's claim changes nothing."""
+    register(on_test_database, MlflowRegistry(tracking_uri), acme, tmp_path, "a", PASSED)
+    configure(monkeypatch, receiver.url)
+    with unit_of_work(on_test_database) as session:
+        service.promote(
+            session=session, registry=MlflowRegistry(tracking_uri),
+            domain=get_domain(session, acme.tenant_id, "billing"), version="1", actor="t",
+        )  # fmt: skip
+    with on_test_database() as reader:
+        seen = reader.scalars(select(WebhookDelivery)).one()  # what the second sender read
+    with unit_of_work(on_test_database) as first:
+        assert webhooks._claim(first, first.scalars(select(WebhookDelivery)).one(), claim_s=60)
+    with unit_of_work(on_test_database) as second:
+        stale = second.merge(seen, load=False)
+        assert stale.attempts == 0
+        assert not webhooks._claim(second, stale, claim_s=60)
+    (row,) = deliveries(on_test_database)
+    assert row.attempts == 1
+    assert webhooks.deliver_due(on_test_database, budget_s=0.2).delivered == 0  # claimed: not due
+    assert receiver.received == []
