@@ -262,7 +262,10 @@ def deliver_webhooks(
     text = f"{sent.delivered} delivered, {sent.failed} failed, {sent.retried} to retry"
     emit(sent.as_json(), as_json=as_json, text=text)
     if sent.failed:
-        raise typer.Exit(1)
+        raise InvalidState(
+            f"{sent.failed} webhook deliveries failed after their last attempt "
+            "(flywheel models webhooks list --status failed)"
+        )
 
 
 def delivery_json(row: WebhookDelivery) -> dict[str, Any]:

@@ -452,3 +452,29 @@ def test_two_senders_never_send_the_same_attempt(
     assert row.attempts == 1
     assert webhooks.deliver_due(on_test_database, budget_s=0.2).delivered == 0  # claimed: not due
     assert receiver.received == []
+
+
+def test_deliver_names_what_failed_in_one_line(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    register(on_test_database, MlflowRegistry(tracking_uri), acme, tmp_path, "a", PASSED)
+    down = f"http://127.0.0.1:{_free_port()}/hook"
+    configure(monkeypatch, down, max_attempts="2", backoff="0.01", send_budget_s="0")
+    assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1")[0] == 0
+
+    code, out, err = run_cli(capsys, "models", "webhooks", "deliver", "--budget-s", "2")
+
+    assert code == 1
+    assert "0 delivered, 1 failed" in out
+    assert err.strip().splitlines() == [
+        "error: 1 webhook deliveries failed after their last attempt "
+        "(flywheel models webhooks list --status failed)"
+    ]
+    bad = run_cli(capsys, "models", "webhooks", "list", "--domain", "billing", "--status", "lost")
+    assert bad[0] == 2
+    assert len(bad[2].strip().splitlines()) == 1
