@@ -157,7 +157,7 @@ def verify_signature(
     """Whether `header` is the signature of the raw `body` under `secret` (compared in
     constant time) and, unless `max_age_s` is None, the body's signed `timestamp` is at most
     that old (and not from the future by as much): a replay of an old request fails."""
-    if not header or not hmac.compare_digest(sign(secret, body), header):
+    if not header or not hmac.compare_digest(sign(secret, body).encode(), header.encode()):
         return False
     if max_age_s is None:
         return True

@@ -40,6 +40,7 @@ def test_the_signature_is_the_hex_hmac_sha256_of_the_raw_body() -> None:
         lambda body: (SECRET, body, ""),
         lambda body: (SECRET, body, sign(SECRET, body).removeprefix("sha256=")),
         lambda body: (SECRET, body, sign(SECRET, body)[:-1] + "0"),
+        lambda body: (SECRET, body, "sha256=\u00e9" + sign(SECRET, body)[8:]),  # not ASCII
     ],
 )
 def test_a_forged_signature_fails(forge: object) -> None:
