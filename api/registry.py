@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import uuid
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from fastapi import APIRouter, Depends, Path, Request
+from fastapi import APIRouter, BackgroundTasks, Depends, Path, Query, Request
 from sqlalchemy.orm import Session
 
 from api import examples
@@ -19,10 +19,12 @@ from api.schemas import (
     PromoteCreate,
     PromotionEventRead,
     RollbackCreate,
+    WebhookDeliveryPage,
+    WebhookDeliveryRead,
 )
 from flywheel.errors import NotFound
 from flywheel.feedback.values import Name
-from flywheel.registry import service
+from flywheel.registry import service, webhooks
 from flywheel.registry.mlflow_registry import MlflowRegistry, Registry
 from flywheel.registry.models import ModelVersion, PromotionEvent
 from flywheel.tenancy.service import Principal, Scope, get_domain
@@ -33,6 +35,12 @@ Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
 Releaser = Annotated[Principal, Depends(require(Scope.MODELS_WRITE))]
 DomainPath = Annotated[Name, Path(description="The domain's name.", examples=["billing"])]
 MOVE_ERRORS = {**WRITE_ERRORS, **errors(503)}
+After = Annotated[uuid.UUID | None, Query(description="The `next_after` of the last page.")]
+Limit = Annotated[int, Query(ge=1, le=500, description="At most this many.", examples=[100])]
+DeliveryStatus = Annotated[
+    Literal["pending", "delivered", "failed"] | None,
+    Query(description="Only the deliveries in this state."),
+]
 
 
 def registry(request: Request) -> Registry:
@@ -53,8 +61,9 @@ async def list_models(domain: DomainPath, request: Request, principal: Reader) -
 
 @router.get("/models/{domain}/champion", responses=READ_ERRORS, summary="Read the champion")
 async def champion(domain: DomainPath, request: Request, principal: Reader) -> ChampionRead:
-    """The adapter apps should serve now (its registry alias URI, adapter URI and base model);
-    404 until a version has been promoted. Scope `data:read`."""
+    """The adapter apps should serve now: its registered model and version, registry alias URI,
+    adapter URI, base model, and the move that made it champion (the `promotion_event_id` its
+    webhook carried); 404 until a version has been promoted. Scope `data:read`."""
     return await in_transaction(
         request, _read_champion, tenant_id=principal.tenant_id, domain=domain
     )
@@ -67,13 +76,17 @@ async def champion(domain: DomainPath, request: Request, principal: Reader) -> C
     openapi_extra=examples.PROMOTE,
 )
 async def promote(
-    domain: DomainPath, body: PromoteCreate, request: Request, principal: Releaser
+    domain: DomainPath,
+    body: PromoteCreate,
+    request: Request,
+    principal: Releaser,
+    background: BackgroundTasks,
 ) -> PromotionEventRead:
     """Make a version the champion: 409 if it did not pass its gate (unless `force`), if
     another move of the domain is in progress, or if it already is; 404 for an unknown
     version; 503 when the model registry cannot be reached. The move is recorded before the
-    alias moves. Scope `models:write`."""
-    return await in_transaction(
+    alias moves; its webhooks are sent after the response. Scope `models:write`."""
+    moved = await in_transaction(
         request,
         _promote,
         registry=registry(request),
@@ -84,6 +97,8 @@ async def promote(
         reason=body.reason,
         force=body.force,
     )
+    background.add_task(webhooks.deliver_after_move, request.app.state.sessions, moved.id)
+    return moved
 
 
 @router.post(
@@ -93,11 +108,16 @@ async def promote(
     openapi_extra=examples.ROLLBACK,
 )
 async def rollback(
-    domain: DomainPath, body: RollbackCreate, request: Request, principal: Releaser
+    domain: DomainPath,
+    body: RollbackCreate,
+    request: Request,
+    principal: Releaser,
+    background: BackgroundTasks,
 ) -> PromotionEventRead:
     """Move the champion back to the previous one (or `to`): 409 without one; 503 when the
-    model registry cannot be reached. Scope `models:write`."""
-    return await in_transaction(
+    model registry cannot be reached; its webhooks are sent after the response. Scope
+    `models:write`."""
+    moved = await in_transaction(
         request,
         _rollback,
         registry=registry(request),
@@ -107,6 +127,33 @@ async def rollback(
         actor=_actor(principal.key_id),
         reason=body.reason,
     )
+    background.add_task(webhooks.deliver_after_move, request.app.state.sessions, moved.id)
+    return moved
+
+
+@router.get("/models/{domain}/webhooks", responses=READ_ERRORS, summary="List webhook deliveries")
+async def list_webhooks(
+    domain: DomainPath,
+    request: Request,
+    principal: Reader,
+    status: DeliveryStatus = None,
+    after: After = None,
+    limit: Limit = 100,
+) -> WebhookDeliveryPage:
+    """The signed webhooks the domain's champion moves sent (or are sending) to serving
+    stacks, oldest first, a page at a time: status, attempts, the last response or error.
+    Pass the page's `next_after` as `after` for the next one. Scope `data:read`."""
+    page = await in_transaction(
+        request,
+        webhooks.list_deliveries,
+        tenant_id=principal.tenant_id,
+        domain=domain,
+        status=status,
+        after=after,
+        limit=limit,
+    )
+    items = [WebhookDeliveryRead.model_validate(row, from_attributes=True) for row in page.items]
+    return WebhookDeliveryPage(items=items, next_after=page.next_after)
 
 
 def _read_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> DomainModelsRead:
@@ -125,8 +172,9 @@ def _read_models(*, session: Session, tenant_id: uuid.UUID, domain: str) -> Doma
 def _read_champion(*, session: Session, tenant_id: uuid.UUID, domain: str) -> ChampionRead:
     """Only the champion: what serving stacks poll, so not the whole version list."""
     found = get_domain(session, tenant_id, domain)
+    event = service.latest_champion_event(session, found.id)
     champion = service.current_champion(session, found.id)
-    if champion is None:
+    if champion is None or event is None:
         raise NotFound(f"{domain} has no champion yet")
     return ChampionRead(
         domain=domain,
@@ -135,6 +183,10 @@ def _read_champion(*, session: Session, tenant_id: uuid.UUID, domain: str) -> Ch
         registry_uri=f"models:/{champion.registered_model}@{service.CHAMPION}",
         adapter_uri=champion.adapter_uri,
         base_model=champion.base_model,
+        model_version_id=champion.id,
+        training_run_id=champion.training_run_id,
+        promotion_event_id=event.id,
+        promoted_at=event.created_at,
     )
 
 

@@ -291,6 +291,12 @@ class ChampionRead(BaseModel):
     registry_uri: str
     adapter_uri: str
     base_model: str
+    model_version_id: uuid.UUID
+    training_run_id: uuid.UUID | None
+    promotion_event_id: uuid.UUID = Field(
+        description="The move that made it champion: the `promotion_event_id` of its webhook."
+    )
+    promoted_at: datetime
 
 
 class PromoteCreate(StrictModel):
@@ -326,3 +332,25 @@ class InteractionWithFeedback(InteractionRead):
         description="Opaque: pass as `cursor` to `GET /v1/interactions/{id}/feedback` for the "
         "rest of the feedback; null when `feedback` holds all of it."
     )
+
+
+class WebhookDeliveryRead(BaseModel):
+    """One webhook of one champion move to one URL, and how its delivery went."""
+
+    id: uuid.UUID = Field(description="Its `X-Flywheel-Delivery` header.")
+    event: Literal["promoted", "rolled_back"]
+    url: str
+    promotion_event_id: uuid.UUID
+    status: Literal["pending", "delivered", "failed"]
+    attempts: int
+    last_status_code: int | None
+    last_error: str | None
+    next_attempt_at: datetime | None
+    created_at: datetime
+    delivered_at: datetime | None
+    body: dict[str, Any] = Field(description="The `data` of the signed request.")
+
+
+class WebhookDeliveryPage(BaseModel):
+    items: list[WebhookDeliveryRead]
+    next_after: uuid.UUID | None = Field(description="Pass as `after` for the next page.")

@@ -3,7 +3,7 @@
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.db import Base
 from flywheel.feedback.models import FeedbackBatch, FeedbackEvent, ForgetRequest, Interaction
-from flywheel.registry.models import ModelVersion, PromotionEvent, Run
+from flywheel.registry.models import ModelVersion, PromotionEvent, Run, WebhookDelivery
 from flywheel.scheduling.models import ScheduledCycle
 from flywheel.signals.models import (
     IngestRun,
@@ -35,4 +35,5 @@ __all__ = [
     "SftExample",
     "Tenant",
     "VerifiableTask",
+    "WebhookDelivery",
 ]

@@ -133,6 +133,52 @@ class Settings(BaseSettings):
         "key keeps working. 0 looks the key up on every request.",
     )
 
+    # Webhooks to serving stacks on every promotion and rollback (flywheel.registry.webhooks).
+    webhook_urls: str = Field(
+        default="",
+        description="Comma-separated URLs told of every champion move (a domain's config may "
+        "add its own `webhooks: [url, ...]`). Empty: none.",
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="Key of the HMAC-SHA256 signature each webhook carries "
+        "(X-Flywheel-Signature). Required to send any.",
+    )
+    webhook_timeout_s: float = Field(
+        default=5.0, gt=0, le=60, description="One webhook request's timeout."
+    )
+    webhook_max_attempts: int = Field(
+        default=5, ge=1, le=50, description="Attempts before a delivery is recorded failed."
+    )
+    webhook_backoff_s: float = Field(
+        default=1.0,
+        ge=0,
+        description="Wait after a delivery's first failed attempt; doubled after each next one "
+        "(with up to 50% random jitter), capped at FLYWHEEL_WEBHOOK_BACKOFF_MAX_S.",
+    )
+    webhook_backoff_max_s: float = Field(
+        default=300.0, ge=0, description="The longest wait between two attempts."
+    )
+    webhook_send_budget_s: float = Field(
+        default=10.0,
+        ge=0,
+        description="How long a promotion's command or request spends delivering its webhooks "
+        "after it commits; what is not delivered by then waits for `flywheel models webhooks "
+        "deliver` or the worker.",
+    )
+
+    @property
+    def webhook_url_list(self) -> list[str]:
+        return [url.strip() for url in self.webhook_urls.split(",") if url.strip()]
+
+    @field_validator("webhook_urls")
+    @classmethod
+    def _are_urls(cls, value: str) -> str:
+        for url in (part.strip() for part in value.split(",")):
+            if url and not _is_http_url(url):
+                raise ValueError(f"not an http(s) URL: {url!r}")
+        return value
+
     @field_validator("scheduler_tick_cron", "stalled_retry_cron")
     @classmethod
     def _is_cron(cls, value: str) -> str:
@@ -208,3 +254,10 @@ class Settings(BaseSettings):
         "random): a client that retries in a loop then sends one request per connection per "
         "delay, not thousands per second.",
     )
+
+
+def _is_http_url(url: str) -> bool:
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    return parts.scheme in ("http", "https") and bool(parts.hostname)

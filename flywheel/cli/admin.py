@@ -156,7 +156,8 @@ def configure_domain(
     config_file: Path = typer.Option(
         ...,
         "--file",
-        help="YAML or JSON: base_model, cycle, dataset, gate, primary_metric, auto_rollback.",
+        help="YAML or JSON: base_model, cycle, dataset, gate, primary_metric, auto_rollback, "
+        "webhooks.",
     ),
     tenant: str = TenantOption,
     as_json: bool = JsonOption,
@@ -165,6 +166,7 @@ def configure_domain(
     import yaml
 
     from flywheel.datasets.settings import dataset_settings
+    from flywheel.registry.webhooks import domain_webhooks
     from flywheel.scheduling.config import cycle_settings
     from flywheel.tenancy import service
 
@@ -180,5 +182,6 @@ def configure_domain(
         domain.config = config
         cycle_settings(domain)  # a bad cycle section fails here, before anything is stored
         dataset_settings(domain)  # and so does a bad dataset section
+        domain_webhooks(domain)  # and a bad webhooks list
         data = {"name": domain.name, "config": config}
     emit(data, as_json=as_json, text=f"configured {tenant}/{name}")

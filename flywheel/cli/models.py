@@ -7,11 +7,19 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from flywheel.cli.common import JsonOption, database_session, emit, resolve_tenant_id, settings
+from flywheel.cli.common import (
+    JsonOption,
+    database_session,
+    database_sessions,
+    emit,
+    resolve_tenant_id,
+    settings,
+)
 
 if TYPE_CHECKING:
     from flywheel.registry.mlflow_registry import MlflowRegistry
-    from flywheel.registry.models import ModelVersion, PromotionEvent
+    from flywheel.registry.models import ModelVersion, PromotionEvent, WebhookDelivery
+    from flywheel.registry.webhooks import DeliveryReport
 
 models = typer.Typer(help="List, promote and roll back a domain's adapters.", no_args_is_help=True)
 
@@ -69,21 +77,26 @@ def promote(
     as_json: bool = JsonOption,
 ) -> None:
     """Make a version the champion (it must have passed its gate unless --force)."""
+    from flywheel.db import unit_of_work
     from flywheel.registry import service
+    from flywheel.registry.webhooks import deliver_after_move
     from flywheel.tenancy.service import get_domain
 
-    with database_session() as session:
-        event = service.promote(
-            session=session,
-            registry=_registry(),
-            domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
-            version=version,
-            actor=_actor(),
-            reason=reason,
-            force=force,
-        )
-        data = event_json(event, None) | {"to": version}
-    emit(data, as_json=as_json, text=f"{domain}: champion is now v{version}")
+    with database_sessions() as sessions:
+        with unit_of_work(sessions) as session:
+            event = service.promote(
+                session=session,
+                registry=_registry(),
+                domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
+                version=version,
+                actor=_actor(),
+                reason=reason,
+                force=force,
+            )
+            data = event_json(event, None) | {"to": version}
+        sent = deliver_after_move(sessions, event.id)  # committed: now tell serving stacks
+    data["webhooks"] = sent.as_json()
+    emit(data, as_json=as_json, text=f"{domain}: champion is now v{version}{_told(sent)}")
 
 
 @models.command("rollback")
@@ -95,22 +108,38 @@ def rollback(
     as_json: bool = JsonOption,
 ) -> None:
     """Move the champion back to the previous one (or --to a version), without retraining."""
+    from flywheel.db import unit_of_work
     from flywheel.registry import service
     from flywheel.registry.models import ModelVersion
+    from flywheel.registry.webhooks import deliver_after_move
     from flywheel.tenancy.service import get_domain
 
-    with database_session() as session:
-        event = service.rollback(
-            session=session,
-            registry=_registry(),
-            domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
-            to=to,
-            actor=_actor(),
-            reason=reason,
-        )
-        target = session.get_one(ModelVersion, event.to_model_version_id)
-        data = event_json(event, None) | {"to": target.version}
-    emit(data, as_json=as_json, text=f"{domain}: rolled back, champion is now v{target.version}")
+    with database_sessions() as sessions:
+        with unit_of_work(sessions) as session:
+            event = service.rollback(
+                session=session,
+                registry=_registry(),
+                domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
+                to=to,
+                actor=_actor(),
+                reason=reason,
+            )
+            target = session.get_one(ModelVersion, event.to_model_version_id)
+            data = event_json(event, None) | {"to": target.version}
+        sent = deliver_after_move(sessions, event.id)  # committed: now tell serving stacks
+    data["webhooks"] = sent.as_json()
+    text = f"{domain}: rolled back, champion is now v{target.version}{_told(sent)}"
+    emit(data, as_json=as_json, text=text)
+
+
+def _told(sent: DeliveryReport) -> str:
+    """What became of the move's webhooks, for a person (nothing when none are configured)."""
+    if not (sent.delivered or sent.failed or sent.retried or sent.errors):
+        return ""
+    parts = [f"{sent.delivered} delivered"]
+    if sent.retried or sent.errors:
+        parts.append("the rest retried later (flywheel models webhooks list)")
+    return "; webhooks: " + ", ".join(parts)
 
 
 @models.command("watch")
@@ -119,15 +148,17 @@ def watch(
 ) -> None:
     """Compare the champion's live thumbs-up rate with its predecessor's; roll back when the
     drop is significant and the domain's config has auto_rollback."""
+    from flywheel.db import unit_of_work
     from flywheel.registry.watch import watch_domain
+    from flywheel.registry.webhooks import Scope, deliver_soon
     from flywheel.tenancy.service import get_domain
 
-    with database_session() as session:
-        result = watch_domain(
-            session=session,
-            registry=_registry(),
-            domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
-        )
+    with database_sessions() as sessions:
+        with unit_of_work(sessions) as session:
+            found = get_domain(session, resolve_tenant_id(session, tenant), domain)
+            result = watch_domain(session=session, registry=_registry(), domain=found)
+        if result.rolled_back_to:  # committed: now tell serving stacks
+            deliver_soon(sessions, Scope(domain_id=found.id))
     verdict = "FLAGGED: " if result.is_flagged else ""
     back = f"; rolled back to v{result.rolled_back_to}" if result.rolled_back_to else ""
     emit(result.as_json(), as_json=as_json, text=f"{domain}: {verdict}{result.reason}{back}")
@@ -161,4 +192,97 @@ def event_json(event: PromotionEvent, versions: list[ModelVersion] | None) -> di
         "reason": event.reason,
         "is_forced": event.is_forced,
         "created_at": event.created_at.isoformat(),
+    }
+
+
+webhooks = typer.Typer(help="The signed webhooks champion moves send.", no_args_is_help=True)
+models.add_typer(webhooks, name="webhooks")
+
+StatusOption = typer.Option(None, "--status", help="Only pending, delivered or failed ones.")
+
+
+@webhooks.command("list")
+def list_webhooks(
+    domain: str = DomainOption,
+    status: str | None = StatusOption,
+    limit: int = typer.Option(100, "--limit", min=1, max=10_000, help="At most this many."),
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """The domain's webhook deliveries, oldest first: status, attempts, last response."""
+    from flywheel.errors import InvalidInput
+    from flywheel.registry.models import WEBHOOK_STATUSES
+    from flywheel.registry.webhooks import list_deliveries
+
+    if status is not None and status not in WEBHOOK_STATUSES:
+        raise InvalidInput(f"--status must be one of {', '.join(WEBHOOK_STATUSES)}, not {status!r}")
+    with database_session() as session:
+        page = list_deliveries(
+            session=session,
+            tenant_id=resolve_tenant_id(session, tenant),
+            domain=domain,
+            status=status,
+            limit=limit,
+        )
+        data = [delivery_json(row) for row in page.items]
+    lines = [
+        f"{d['created_at'][:19]}  {d['event']:<11}  {d['status']:<9}  {d['attempts']} tries  "
+        f"{d['url']}"
+        + (f"  ({d['last_error']})" if d["status"] != "delivered" and d["last_error"] else "")
+        for d in data
+    ]
+    emit(data, as_json=as_json, text="\n".join(lines) or f"{domain}: no webhook deliveries")
+
+
+@webhooks.command("deliver")
+def deliver_webhooks(
+    domain: str | None = typer.Option(None, "--domain", help="Only this domain's (default all)."),
+    budget: float = typer.Option(
+        60.0, "--budget-s", min=0, help="Keep retrying what falls due for this long."
+    ),
+    tenant: str | None = TenantOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Send the pending webhooks that are due (retries with backoff, then failed)."""
+    from flywheel.db import unit_of_work
+    from flywheel.errors import InvalidState
+    from flywheel.registry.webhooks import Scope, deliver_due
+    from flywheel.tenancy.service import get_domain
+
+    current = settings()
+    if current.webhook_secret is None:
+        raise InvalidState("FLYWHEEL_WEBHOOK_SECRET is not set: webhooks are sent signed only")
+    with database_sessions() as sessions:
+        scope = Scope()
+        if domain is not None:
+            with unit_of_work(sessions) as session:
+                found = get_domain(session, resolve_tenant_id(session, tenant), domain)
+            scope = Scope(domain_id=found.id)
+        sent = deliver_due(sessions, budget_s=budget, scope=scope, settings=current)
+    text = f"{sent.delivered} delivered, {sent.failed} failed, {sent.retried} to retry"
+    emit(sent.as_json(), as_json=as_json, text=text)
+    if sent.failed:
+        raise InvalidState(
+            f"{sent.failed} webhook deliveries failed after their last attempt "
+            "(flywheel models webhooks list --status failed)"
+        )
+
+
+def delivery_json(row: WebhookDelivery) -> dict[str, Any]:
+    def when(at: Any) -> str | None:
+        return at.isoformat() if at else None
+
+    return {
+        "id": str(row.id),
+        "event": row.event,
+        "url": row.url,
+        "promotion_event_id": str(row.promotion_event_id),
+        "status": row.status,
+        "attempts": row.attempts,
+        "last_status_code": row.last_status_code,
+        "last_error": row.last_error,
+        "next_attempt_at": when(row.next_attempt_at),
+        "created_at": when(row.created_at),
+        "delivered_at": when(row.delivered_at),
+        "body": row.body,
     }

@@ -109,3 +109,37 @@ class PromotionEvent(IdMixin, Base):
     reason: Mapped[str] = mapped_column(Text, default="")
     is_forced: Mapped[bool] = mapped_column(default=False)
     evidence: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
+
+
+WEBHOOK_EVENTS = ("promoted", "rolled_back")
+WEBHOOK_STATUSES = ("pending", "delivered", "failed")
+
+
+class WebhookDelivery(IdMixin, Base):
+    """One webhook for one alias move to one URL (an outbox row): written in the transaction
+    of the promotion event it announces, sent after that commits (`registry.webhooks`)."""
+
+    __tablename__ = "webhook_deliveries"
+    __table_args__ = (
+        CheckConstraint("event IN ('promoted', 'rolled_back')", name="event"),
+        CheckConstraint("status IN ('pending', 'delivered', 'failed')", name="status"),
+        Index(None, "domain_id", "created_at"),
+        Index(None, "status", "next_attempt_at"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    promotion_event_id: Mapped[uuid.UUID] = mapped_column(
+        ForeignKey("promotion_events.id", ondelete="CASCADE")
+    )
+    event: Mapped[str] = mapped_column(String(16))
+    url: Mapped[str] = mapped_column(String(2048))
+    body: Mapped[dict[str, Any]] = mapped_column(JsonType, doc="The payload, signed as sent.")
+    status: Mapped[str] = mapped_column(String(16), default="pending")
+    attempts: Mapped[int] = mapped_column(default=0)
+    last_status_code: Mapped[int | None] = mapped_column(default=None)
+    last_error: Mapped[str | None] = mapped_column(Text, default=None)
+    next_attempt_at: Mapped[datetime | None] = mapped_column(
+        default=None, doc="When a pending delivery is due (or its sender's claim runs out)."
+    )
+    delivered_at: Mapped[datetime | None] = mapped_column(default=None)

@@ -9,8 +9,10 @@ The domain is the row the caller looked up once (`tenancy.service.get_domain`).
 Every alias move is a `PromotionEvent` (append-only: actor, from, to, reason, whether forced,
 the gate evidence) and an MLflow tag on the version it moved to. The event is written first
 (flushed, not committed), then the alias is moved in MLflow: if MLflow fails, the error
-rolls the transaction back and nothing moved anywhere. Moves of one domain take turns: a
-second promotion or rollback while one is in progress gets Conflict (409), not a wait.
+rolls the transaction back and nothing moved anywhere. The move's webhooks are written in
+the same transaction (an outbox, `registry.webhooks`) and sent after it commits. Moves of one
+domain take turns: a second promotion or rollback while one is in progress gets Conflict
+(409), not a wait.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ from flywheel.bulk import chunked
 from flywheel.datasets.service import latest_version
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, NotFound
+from flywheel.registry import webhooks
 from flywheel.registry.mlflow_registry import Registry
 from flywheel.registry.models import ModelVersion, PromotionEvent, Run
 from flywheel.tenancy.models import Domain, Tenant
@@ -271,6 +274,7 @@ def _move(
     )
     session.add(event)
     session.flush()  # the record first: an MLflow failure below rolls it back
+    webhooks.enqueue(session, event=event, target=target, current=current)  # same transaction
     registry.set_alias(target.registered_model, CHAMPION, target.version)
     if registry.alias_version(target.registered_model, CHALLENGER) == target.version:
         registry.delete_alias(target.registered_model, CHALLENGER)  # it is no longer a challenger

@@ -16,6 +16,8 @@ Queues: `gpu` carries cycles (training), `cpu` the scheduler's housekeeping. Tas
   looks alive waits until the run has been silent for `cycle_stale_after_s`. If the run beats
   again meanwhile, its process is alive after all, and the job leaves the run to it.
 - `flywheel.prune_jobs` (cpu, daily): finished housekeeping jobs older than a week go.
+- `flywheel.deliver_webhooks` (cpu, every minute): the champion moves' webhooks that are due
+  (`flywheel.registry.webhooks`: retries, and the moves of cycles run on workers).
 
 A cycle's job is deferred on the caller's own database connection, in its transaction: the
 queued run, its job and the run's `job_id` are committed together or not at all.
@@ -41,6 +43,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import make_engine, make_session_factory, unit_of_work, utcnow
 from flywheel.errors import Conflict, FlywheelError, InvalidState
+from flywheel.registry import webhooks
 from flywheel.registry.models import Run
 from flywheel.scheduling import schedule
 from flywheel.scheduling.cycle import CycleRequest, run_cycle
@@ -56,6 +59,8 @@ CYCLE_TASK = "flywheel.cycle"
 TICK_TASK = "flywheel.tick"
 RETRY_TASK = "flywheel.retry_stalled_jobs"
 PRUNE_TASK = "flywheel.prune_jobs"
+WEBHOOKS_TASK = "flywheel.deliver_webhooks"
+WEBHOOKS_BUDGET_S = 45.0  # within its minute: the next run does not queue behind it
 KEEP_FINISHED_JOBS_H = 7 * 24
 SILENCE_MARGIN_S = 0.1  # past the stale threshold, so that `claim_run` finds the run stale
 SCHEMA_LOCK = 0x666C7977  # pg_advisory_xact_lock key: one schema install at a time
@@ -127,6 +132,15 @@ def make_job_app(
     @app.task(name=PRUNE_TASK, queue=CPU, queueing_lock=PRUNE_TASK)
     async def prune_jobs(timestamp: int) -> None:
         await app.job_manager.delete_old_jobs(nb_hours=KEEP_FINISHED_JOBS_H, queue=CPU)
+
+    @app.periodic(cron="* * * * *", periodic_id="webhooks")
+    @app.task(name=WEBHOOKS_TASK, queue=CPU, queueing_lock=WEBHOOKS_TASK)
+    def deliver_webhooks(timestamp: int) -> dict[str, Any]:
+        if settings.webhook_secret is None:
+            return {"skipped": "FLYWHEEL_WEBHOOK_SECRET is not set"}
+        return webhooks.deliver_due(
+            factory, budget_s=WEBHOOKS_BUDGET_S, settings=settings
+        ).as_json()
 
     return app
 

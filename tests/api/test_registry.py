@@ -48,6 +48,10 @@ def test_promote_read_champion_and_roll_back(
         "registry_uri": "models:/acme.billing@champion",
         "adapter_uri": champion.json()["adapter_uri"],
         "base_model": "/models/tiny",
+        "model_version_id": champion.json()["model_version_id"],
+        "training_run_id": champion.json()["training_run_id"],
+        "promotion_event_id": second.json()["id"],
+        "promoted_at": second.json()["created_at"].replace("+00:00", "Z"),
     }
     assert champion.json()["adapter_uri"].startswith("runs:/")
     assert (back.json()["action"], back.json()["to_version"]) == ("rollback", "1")
