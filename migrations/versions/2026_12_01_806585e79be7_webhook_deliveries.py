@@ -4,7 +4,7 @@ One row per move and URL, written in the promotion event's transaction, then sen
 backoff) and recorded delivered or failed. The downgrade drops the table and its history.
 
 Revision ID: 806585e79be7
-Revises: 3f155bae4718
+Revises: 874a2be871ec
 Create Date: 2026-12-01 18:26:48.409442
 """
 
@@ -15,7 +15,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "806585e79be7"
-down_revision: str | None = "3f155bae4718"
+down_revision: str | None = "874a2be871ec"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
