@@ -11,6 +11,8 @@ from flywheel.sandbox.qa import TaskSpec, check_task
 from flywheel.signals.candidates import TaskCandidate
 from ingest.framework import Rejected
 from ingest.repo import RepositoryIngestor
+from ingest.repo.discover import FoundTest
+from ingest.repo.tasks import without_pii
 
 CONTACTKIT = Path(__file__).parent.parent / "fixtures" / "repos" / "contactkit"
 
@@ -44,3 +46,20 @@ def test_tests_holding_pii_are_left_out_and_what_is_kept_redaction_leaves_alone(
     assert isinstance(rejected, Rejected)
     assert rejected.reason == "holds_pii"
     assert "CARD" in rejected.detail
+
+
+def test_a_test_naming_a_commit_author_is_left_out_as_the_store_would_rewrite_it() -> None:
+    """The store redacts code with the people its source names (the commit authors)."""
+    named = FoundTest(
+        origin="tests/test_greet.py::test_greet",
+        name="test_greet",
+        targets=frozenset(),
+        code="def test_greet():\n    assert greet('Ada Lovelace') == 'Hi Ada Lovelace'\n",
+    )
+
+    (anonymous,) = without_pii([named])
+    (as_stored,) = without_pii([named], names=["Ada Lovelace"])
+
+    assert anonymous.reason is None  # no free-text names are looked for in code
+    assert as_stored.reason == "holds_pii"
+    assert "NAME" in as_stored.detail
