@@ -21,6 +21,7 @@ from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version, latest_version
+from flywheel.datasets.split import position_of
 from flywheel.db import unit_of_work
 from flywheel.errors import Conflict, NotFound, RegistryUnavailable
 from flywheel.models import Domain, ModelVersion, PromotionEvent, Run, SftExample
@@ -228,17 +229,19 @@ def test_a_verdict_on_an_older_eval_set_is_refused(
     register(on_test_database, registry, acme, tmp_path, "first", PASSED)
     with unit_of_work(on_test_database) as session:
         domain = get_domain(session, acme.tenant_id, "billing")
+        # the split hashes (domain id, group key): a key that lands in eval for this domain
+        group = next(f"g{n}" for n in range(100) if position_of(domain.id, f"g{n}") < 0.5)
         session.add(
             SftExample(
                 tenant_id=acme.tenant_id, domain_id=domain.id, source_kind="api",
-                group_key="g", content_sha256="1" * 64, ingestor_version="t",
+                group_key=group, content_sha256="1" * 64, ingestor_version="t",
                 messages=[{"role": "user", "content": "new question"}], completion="answer",
             )
         )  # fmt: skip
         session.flush()
         built = build_dataset_version(
             session=session, tenant_id=acme.tenant_id, domain_id=domain.id,
-            recipe=DatasetRecipe(eval_fraction=0.99),
+            recipe=DatasetRecipe(eval_fraction=0.5),
         )  # fmt: skip
         assert built.stats["eval"] == {"sft": 1}  # the eval set changed since the verdict
 
