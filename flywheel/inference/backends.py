@@ -59,7 +59,9 @@ class ChatBackend(Protocol):
         """One non-streamed `chat.completion`; `body["model"]` is replaced by the backend."""
         ...
 
-    def stream(self, body: dict[str, Any], adapter: Adapter | None) -> AsyncIterator[dict[str, Any]]:
+    def stream(
+        self, body: dict[str, Any], adapter: Adapter | None
+    ) -> AsyncIterator[dict[str, Any]]:
         """The `chat.completion.chunk` objects of a streamed completion, as they arrive.
         Closing the iterator early (`aclose()`, a client gone) cancels the upstream request."""
         ...

@@ -1,0 +1,75 @@
+"""A domain's release: which version answers which request, and how a challenger goes live.
+
+The `release` mapping of a domain's config, parsed and checked:
+
+{"release": {"challenger_share": 0.1,   # the share of end users the challenger answers (sticky)
+             "shadow": false,           # true: the challenger answers as well, recorded, unseen
+             "auto_promote": false,     # the live watch promotes a challenger that is not worse
+             "auto_rollback": false,    # the live watch rolls a worse champion back
+             "min_ratings": 30,         # per side, before the live watch decides anything
+             "alpha": 0.05}}            # the one-sided two-proportion test's level
+
+The challenger is the newest registered version that passed its gate, is not tainted and has
+never been champion, registered after the current champion (the MLflow `challenger` alias
+marks the same version; the database decides, so routing never waits on MLflow).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from flywheel.errors import InvalidInput
+from flywheel.registry.models import ModelVersion, PromotionEvent
+from flywheel.registry.service import CHAMPION, current_champion
+from flywheel.tenancy.models import Domain
+
+
+class ReleaseConfig(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    challenger_share: float = Field(default=0.0, ge=0.0, le=1.0)
+    shadow: bool = False
+    auto_promote: bool = False
+    auto_rollback: bool = False
+    min_ratings: int = Field(default=30, ge=1)
+    alpha: float = Field(default=0.05, gt=0.0, lt=1.0)
+
+
+def release_config(domain: Domain) -> ReleaseConfig:
+    """The domain's release settings (defaults when it has none); InvalidInput when malformed."""
+    raw = (domain.config or {}).get("release") or {}
+    try:
+        return ReleaseConfig.model_validate(raw)
+    except ValidationError as error:
+        first = error.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "release"
+        raise InvalidInput(f"domain {domain.name!r} release.{where}: {first['msg']}") from error
+
+
+def current_challenger(session: Session, domain_id: uuid.UUID) -> ModelVersion | None:
+    """The version a canary would serve next to the champion, or None."""
+    champion = current_champion(session, domain_id)
+    ever_champion = select(PromotionEvent.to_model_version_id).where(
+        PromotionEvent.domain_id == domain_id,
+        PromotionEvent.alias == CHAMPION,
+        PromotionEvent.to_model_version_id.is_not(None),
+    )
+    query = (
+        select(ModelVersion)
+        .where(
+            ModelVersion.domain_id == domain_id,
+            ModelVersion.tainted_at.is_(None),
+            ModelVersion.id.not_in(ever_champion),
+        )
+        .order_by(ModelVersion.created_at.desc(), ModelVersion.id.desc())
+    )
+    if champion is not None:
+        query = query.where(ModelVersion.created_at > champion.created_at)
+    for version in session.scalars(query.limit(20)):
+        if version.gate_result.get("is_promoted"):
+            return version
+    return None
