@@ -32,6 +32,9 @@ class Interaction(IdMixin, Base):
     # The request's tool definitions (OpenAI function tools), when it offered any.
     tools: Mapped[list[Any] | None] = mapped_column(JsonType)
     response: Mapped[str] = mapped_column(Text)
+    # The response's tool calls (OpenAI's `tool_calls`), when it called tools; `response` is
+    # then its text, empty when it only called tools.
+    response_tool_calls: Mapped[list[Any] | None] = mapped_column(JsonType)
     model_name: Mapped[str | None] = mapped_column(String(255))
     model_version: Mapped[str | None] = mapped_column(String(255))
     adapter: Mapped[str | None] = mapped_column(String(1024))

@@ -44,6 +44,7 @@ class NewInteraction:
     session_id: str | None = None
     metadata: dict[str, Any] = field(default_factory=dict)
     tools: list[dict[str, Any]] | None = None
+    response_tool_calls: list[dict[str, Any]] | None = None
 
 
 @dataclass(frozen=True)
@@ -123,8 +124,9 @@ def _without_absent_tools(item: object) -> dict[str, Any]:
     if not isinstance(item, NewInteraction | NewFeedback):
         raise TypeError(f"cannot fingerprint {type(item).__name__}")
     fields = dict(item.__dict__)
-    if fields["tools"] is None:
-        del fields["tools"]
+    for name in ("tools", "response_tool_calls"):
+        if fields.get(name, ...) is None:
+            del fields[name]
     return fields
 
 
@@ -145,6 +147,7 @@ def record_interaction(
         "messages": new.messages,
         "tools": new.tools,
         "response": new.response,
+        "response_tool_calls": new.response_tool_calls,
         "model_name": new.model_name,
         "model_version": new.model_version,
         "adapter": new.adapter,
