@@ -114,8 +114,12 @@ class OpenAIUpstream:
                 await _call(response.aread)
                 self._forget_on_404(response, adapter)
                 raise upstream_error(response)
-            async for chunk in _sse_chunks(response):
-                yield chunk
+            events, pieces = SseEvents(), response.aiter_bytes()
+            while True:
+                for event in events.feed(await _next_piece(pieces)):
+                    if event == b"[DONE]":
+                        return
+                    yield parse_chunk(event)
         finally:
             await response.aclose()  # unread: the connection is closed, the upstream sees it
 
@@ -183,39 +187,35 @@ def raise_backend_error(error: httpx.HTTPError) -> NoReturn:
     ) from error
 
 
-async def _sse_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of an SSE stream's `data:` events, until `data: [DONE]`."""
-    pending = b""
-    data: list[bytes] = []
-    stream = response.aiter_bytes()
-    while True:
-        try:
-            piece = await anext(stream)
-        except StopAsyncIteration:
-            raise BackendError("dropped", "the upstream stream ended before [DONE]") from None
-        except httpx.HTTPError as error:
-            raise_backend_error(error)
-        lines = (pending + piece).split(b"\n")
-        pending = lines.pop()
+async def _next_piece(pieces: AsyncIterator[bytes]) -> bytes:
+    try:
+        return await anext(pieces)
+    except StopAsyncIteration:
+        raise BackendError("dropped", "the upstream stream ended before [DONE]") from None
+    except httpx.HTTPError as error:
+        raise_backend_error(error)
+
+
+class SseEvents:
+    """Server-sent events from bytes as they arrive: each event's `data` (its `data:` lines
+    joined), once the blank line that ends it is in."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._data: list[bytes] = []
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        lines = (self._pending + piece).split(b"\n")
+        self._pending = lines.pop()
+        events = []
         for line in lines:
-            event = _sse_line(line.rstrip(b"\r"), data)
-            if event is None:
-                continue
-            if event == b"[DONE]":
-                return
-            yield parse_chunk(event)
-
-
-def _sse_line(line: bytes, data: list[bytes]) -> bytes | None:
-    """Feed one line; the event's data once a blank line ends it (or a lone `data:` line)."""
-    if line.startswith(b"data:"):
-        data.append(line[6:] if line[5:6] == b" " else line[5:])
-        return None
-    if line or not data:
-        return None  # a comment, another field, or a blank line with no data before it
-    event = b"\n".join(data)
-    data.clear()
-    return event
+            line = line.removesuffix(b"\r")
+            if line.startswith(b"data:"):
+                self._data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif not line and self._data:
+                events.append(b"\n".join(self._data))
+                self._data.clear()
+        return events  # comments (`:`), other fields and empty events are skipped
 
 
 def parse_chunk(event: bytes) -> dict[str, Any]:

@@ -290,6 +290,30 @@ def test_without_dynamic_lora_an_adapter_must_be_listed_and_is_looked_up_once(
     assert server.app.adapters == {"acme.billing-v3": str(adapter_dir)}
 
 
+def test_an_adapter_the_upstream_lost_is_loaded_again(
+    server: RunningStandin, adapter_dir: Path
+) -> None:
+    adapter = Adapter("acme.billing-v3", adapter_dir)
+
+    async def scenario() -> tuple[BackendError, dict[str, Any]]:
+        upstream = await with_upstream(server)
+        await upstream.ensure_adapter(adapter)
+        server.app.adapters.clear()  # the upstream restarted
+        try:
+            await upstream.complete(user("hi"), adapter)
+        except BackendError as error:
+            lost = error
+        await upstream.ensure_adapter(adapter)
+        answer = await upstream.complete(user("hi"), adapter)
+        await upstream.aclose()
+        return lost, answer
+
+    lost, answer = run(scenario())
+    assert (lost.kind, lost.upstream_status) == ("upstream_error", 404)
+    assert answer["model"] == "acme.billing-v3"
+    assert paths(server).count(("POST", "/v1/load_lora_adapter")) == 2
+
+
 # Failures.
 def failure(action: Coroutine[Any, Any, Any]) -> BackendError:
     with pytest.raises(BackendError) as caught:
@@ -341,6 +365,15 @@ def test_an_error_status_is_an_upstream_error_with_the_upstreams_message(
     unknown = failure(complete_once(server.base_url, {**user("hi")}, base_model="nope"))
     assert unknown.upstream_status == 404
     assert "The model `nope` does not exist." in unknown.message
+
+
+def test_a_refused_api_key_is_an_upstream_error() -> None:
+    with serve_in_thread(StandinConfig(base_model=BASE, api_key="sk-right")) as guarded:
+        refused = failure(complete_once(guarded.base_url, user("hi"), api_key="sk-wrong"))
+        run(complete_once(guarded.base_url, user("hi"), api_key="sk-right"))
+    assert (refused.kind, refused.upstream_status) == ("upstream_error", 401)
+    assert refused.message == "the upstream answered 401: Unauthorized"
+    assert "sk-" not in refused.message
 
 
 def test_an_upstream_that_does_not_answer_in_time_is_a_timeout(server: RunningStandin) -> None:
