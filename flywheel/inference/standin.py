@@ -19,8 +19,9 @@ Routes (base URL `http://HOST:PORT/v1`):
 - `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`: 200 text; 400 when the name is
   loaded already ("... has already been loaded."); 404 when the path is not a directory (vLLM
   cannot load it either). `POST /v1/unload_lora_adapter {"lora_name"}`: 200, or 404 unknown.
-- `GET /_standin/requests`: every request received (method, path, headers, body, and for chat
-  completions `disconnected`: the client left before the answer ended); `DELETE` empties it.
+- `GET /_standin/requests`: every request received (method, path, headers, body, the client's
+  port (one per connection), and for chat completions `disconnected`: the client left before
+  the answer ended); `DELETE` empties it.
   In-process: `StandinApp.requests`.
 
 Faults, per request, in the header `X-Standin-Fault` or in the last user message as
@@ -110,6 +111,7 @@ class StandinApp:
             "path": path,
             "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
             "body": _parse(body),
+            "client_port": (scope.get("client") or (None, None))[1],  # one per connection
         }
         self.requests.append(record)
         route = self._routes.get((method, path))

@@ -20,6 +20,7 @@ raised there, before any chunk, so a caller can still answer with an error statu
 from __future__ import annotations
 
 import asyncio
+import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -30,6 +31,10 @@ from flywheel.inference.backends import Adapter, BackendError
 
 MAX_MESSAGE_CHARS = 200  # of an upstream's error message passed on to the caller
 JSON_HEADERS = {"content-type": "application/json"}
+# httpcore 1.0's pool does O(connections^2) work on every request and response (it counts all
+# its connections once per idle one): past ~16 connections that dominates a request's cost, so
+# the connections are spread over pools of at most this many, taken in turn.
+CONNECTIONS_PER_POOL = 16
 T = TypeVar("T")
 
 
@@ -51,16 +56,12 @@ class OpenAIUpstream:
         self._base_model = base_model
         self._is_dynamic_lora = dynamic_lora
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            http1=True,
-            http2=False,
-            trust_env=False,  # never a proxy from the environment between us and the upstream
-        )
+        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        self._clients = [
+            _pooled_client(headers, timeout, size)
+            for size in pool_sizes(max_connections, CONNECTIONS_PER_POOL)
+        ]
+        self._turn = itertools.cycle(self._clients)
         self._ready: set[str] = set()  # adapter names loaded (or listed) on the upstream
         self._locks: dict[str, asyncio.Lock] = {}
 
@@ -102,13 +103,14 @@ class OpenAIUpstream:
         self, body: dict[str, Any], adapter: Adapter | None
     ) -> AsyncIterator[dict[str, Any]]:
         payload = {**body, "model": self._model_of(adapter), "stream": True}
-        request = self._client.build_request(
+        client = next(self._turn)
+        request = client.build_request(
             "POST",
             self._url("/chat/completions"),
             content=orjson.dumps(payload),
             headers=JSON_HEADERS,
         )
-        response = await _call(lambda: self._client.send(request, stream=True))
+        response = await _call(lambda: client.send(request, stream=True))
         try:
             if response.status_code >= 300:
                 await _call(response.aread)
@@ -124,7 +126,8 @@ class OpenAIUpstream:
             await response.aclose()  # unread: the connection is closed, the upstream sees it
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
 
     # The adapters.
     async def _load_adapter(self, adapter: Adapter) -> None:
@@ -160,10 +163,30 @@ class OpenAIUpstream:
     async def _send(self, method: str, path: str, payload: Any) -> httpx.Response:
         content = None if payload is None else orjson.dumps(payload)
         headers = None if payload is None else JSON_HEADERS
-        url = self._url(path)
-        return await _call(
-            lambda: self._client.request(method, url, content=content, headers=headers)
-        )
+        url, client = self._url(path), next(self._turn)
+        return await _call(lambda: client.request(method, url, content=content, headers=headers))
+
+
+def pool_sizes(max_connections: int, per_pool: int) -> list[int]:
+    """`max_connections` spread evenly over as few pools of at most `per_pool` as hold them.
+
+    >>> pool_sizes(100, 16), pool_sizes(10, 16), pool_sizes(0, 16)
+    ([15, 15, 14, 14, 14, 14, 14], [10], [1])
+    """
+    count = max(1, -(-max_connections // per_pool))
+    total = max(count, max_connections)
+    return [total // count + (1 if i < total % count else 0) for i in range(count)]
+
+
+def _pooled_client(headers: dict[str, str], timeout: httpx.Timeout, size: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        headers=headers,
+        timeout=timeout,
+        limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+        http1=True,
+        http2=False,
+        trust_env=False,  # never a proxy from the environment between us and the upstream
+    )
 
 
 async def _call(action: Callable[[], Awaitable[T]]) -> T:

@@ -20,7 +20,7 @@ import pytest
 
 from flywheel.inference.backends import Adapter, BackendError
 from flywheel.inference.standin import RunningStandin, StandinConfig, serve_in_thread
-from flywheel.inference.upstream import OpenAIUpstream
+from flywheel.inference.upstream import CONNECTIONS_PER_POOL, OpenAIUpstream, pool_sizes
 
 pytestmark = pytest.mark.no_database
 
@@ -203,6 +203,48 @@ def test_the_api_key_is_sent_as_a_bearer_token(server: RunningStandin) -> None:
     assert chats(server)[0]["headers"]["authorization"] == "Bearer sk-upstream"
 
 
+def test_requests_reuse_kept_alive_connections(server: RunningStandin) -> None:
+    async def scenario(max_connections: int) -> None:
+        upstream = await with_upstream(server, max_connections=max_connections)
+        for _ in range(20):
+            await upstream.complete(user("hi"), None)
+        await upstream.aclose()
+
+    run(scenario(10))  # one pool
+    run(scenario(100))  # pools of at most 16, taken in turn: one connection each here
+    ports = [r["client_port"] for r in chats(server)]
+    assert len(set(ports[:20])) == 1
+    assert len(set(ports[20:])) == len(pool_sizes(100, CONNECTIONS_PER_POOL)) == 7
+
+
+def test_a_task_cancelled_mid_stream_closes_the_upstream_request(server: RunningStandin) -> None:
+    body = user("a long answer [standin:chunk-delay-ms=200]")
+
+    async def scenario() -> int:
+        upstream = await with_upstream(server)
+        received: list[dict[str, Any]] = []
+
+        async def consume() -> None:
+            async for chunk in upstream.stream(body, None):
+                received.append(chunk)
+
+        task = asyncio.ensure_future(consume())
+        while len(received) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()  # what a server does to a handler whose client went away
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if chats(server)[0]["disconnected"]:
+                break
+            await asyncio.sleep(0.02)
+        await upstream.aclose()
+        return len(received)
+
+    assert run(scenario()) == 2
+    assert chats(server)[0]["disconnected"] is True
+
+
 # Adapters.
 def test_ten_concurrent_ensures_load_an_adapter_once(
     server: RunningStandin, adapter_dir: Path
@@ -378,7 +420,7 @@ def test_a_refused_api_key_is_an_upstream_error() -> None:
 
 def test_an_upstream_that_does_not_answer_in_time_is_a_timeout(server: RunningStandin) -> None:
     hang = user("hi [standin:hang]")
-    slow_chunks = user("hi [standin:chunk-delay-ms=3000]")
+    slow_chunks = user("hi [standin:chunk-delay-ms=10000]")
     received: list[dict[str, Any]] = []
     started = time.monotonic()
     errors = [
@@ -386,7 +428,7 @@ def test_an_upstream_that_does_not_answer_in_time_is_a_timeout(server: RunningSt
         failure(stream_once(server.base_url, hang, [], timeout_s=0.3)),
         failure(stream_once(server.base_url, slow_chunks, received, timeout_s=0.3)),
     ]
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 8  # not the 10 s the second chunk would take
     assert [e.kind for e in errors] == ["timeout"] * 3
     assert {e.status for e in errors} == {504}
     assert len(received) == 1  # the first chunk came; the second never did in time
