@@ -63,7 +63,7 @@ class OpenAIUpstream:
         ]
         self._turn = itertools.cycle(self._clients)
         self._ready: set[str] = set()  # adapter names loaded (or listed) on the upstream
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._attempts: dict[str, asyncio.Future[None]] = {}  # loads under way, by name
 
     @property
     def base_model(self) -> str:
@@ -74,17 +74,28 @@ class OpenAIUpstream:
         return self._base_url
 
     async def ensure_adapter(self, adapter: Adapter) -> None:
+        """One upstream call per name however many ask at once (they share its outcome, a
+        failure too; the next call after a failure tries again); none once it is ready."""
         if adapter.name in self._ready:
             return
-        lock = self._locks.setdefault(adapter.name, asyncio.Lock())
-        async with lock:
-            if adapter.name in self._ready:
-                return
-            if self._is_dynamic_lora:
-                await self._load_adapter(adapter)
-            else:
-                await self._check_listed(adapter)
-            self._ready.add(adapter.name)
+        attempt = self._attempts.get(adapter.name)
+        if attempt is None:
+            attempt = asyncio.ensure_future(self._make_ready(adapter))
+            self._attempts[adapter.name] = attempt
+            attempt.add_done_callback(lambda done: self._settle(adapter.name, done))
+        await asyncio.shield(attempt)  # a caller cancelled does not cancel the others' load
+
+    async def _make_ready(self, adapter: Adapter) -> None:
+        if self._is_dynamic_lora:
+            await self._load_adapter(adapter)
+        else:
+            await self._check_listed(adapter)
+        self._ready.add(adapter.name)
+
+    def _settle(self, name: str, attempt: asyncio.Future[None]) -> None:
+        del self._attempts[name]
+        if not attempt.cancelled():
+            attempt.exception()  # retrieved: every caller may have gone before it failed
 
     async def complete(self, body: dict[str, Any], adapter: Adapter | None) -> dict[str, Any]:
         payload = {**body, "model": self._model_of(adapter)}

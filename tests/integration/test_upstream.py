@@ -307,6 +307,24 @@ def test_an_adapter_the_upstream_cannot_load_is_an_upstream_error(
     assert caught.value.status == 502
 
 
+def test_concurrent_ensures_of_an_adapter_that_fails_share_one_attempt(
+    server: RunningStandin, tmp_path: Path
+) -> None:
+    adapter = Adapter("acme.billing-v4", tmp_path / "missing")
+
+    async def scenario() -> list[BaseException | None]:
+        upstream = await with_upstream(server)
+        tries = [upstream.ensure_adapter(adapter) for _ in range(10)]
+        outcomes = await asyncio.gather(*tries, return_exceptions=True)
+        again = await asyncio.gather(upstream.ensure_adapter(adapter), return_exceptions=True)
+        await upstream.aclose()
+        return [*outcomes, *again]
+
+    outcomes = run(scenario())
+    assert all(isinstance(o, BackendError) and o.upstream_status == 404 for o in outcomes)
+    assert paths(server).count(("POST", "/v1/load_lora_adapter")) == 2  # the ten, then one
+
+
 def test_without_dynamic_lora_an_adapter_must_be_listed_and_is_looked_up_once(
     server: RunningStandin, adapter_dir: Path
 ) -> None:
