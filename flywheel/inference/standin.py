@@ -4,6 +4,9 @@ speaks), for tests and `bench/gateway.py`: no model, deterministic answers, ever
     python -m flywheel.inference.standin --port 0 [--delay-ms N] [--chunks N]
     -> prints `flywheel-serve listening on http://127.0.0.1:PORT` once it serves
 
+or in-process: `with serve_in_thread(StandinConfig(...)) as running:` (`running.base_url`,
+`running.app.requests`), or `create_standin_app(config)` for any ASGI server.
+
 Routes (base URL `http://HOST:PORT/v1`):
 - `GET /v1/models`: the base model and the loaded adapters, vLLM's model cards.
 - `POST /v1/chat/completions`: `model` must be the base or a loaded adapter (else vLLM's 404);
@@ -23,6 +26,8 @@ Routes (base URL `http://HOST:PORT/v1`):
   port (one per connection), and for chat completions `disconnected`: the client left before
   the answer ended); `DELETE` empties it.
   In-process: `StandinApp.requests`.
+- `--api-key KEY` (as vLLM's): requests without `Authorization: Bearer KEY` get 401
+  `{"error": "Unauthorized"}`. `--base-model NAME` names the base (default `standin-base`).
 
 Faults, per request, in the header `X-Standin-Fault` or in the last user message as
 `[standin:...]` (both may be given; the message's win), comma- or space-separated:

@@ -496,6 +496,12 @@ def test_the_standin_unloads_adapters_and_reports_what_it_received(
     gone = httpx.post(f"{base}/unload_lora_adapter", json={"lora_name": "a-v1"})
     assert gone.status_code == 404
     assert gone.json()["error"]["type"] == "NotFoundError"
+    chat = {**user("hi"), "model": BASE}
+    faulty = httpx.post(
+        f"{base}/chat/completions", json=chat, headers={"X-Standin-Fault": "status=503"}
+    )
+    assert faulty.status_code == 503
+    assert faulty.json()["error"]["code"] == 503
     assert httpx.get(f"{base}/nowhere").status_code == 404
     assert httpx.get(f"{base}/chat/completions").status_code == 405
     recorded = httpx.get(f"http://127.0.0.1:{server.port}/_standin/requests").json()
@@ -503,6 +509,7 @@ def test_the_standin_unloads_adapters_and_reports_what_it_received(
         ("POST", "/v1/load_lora_adapter"),
         ("POST", "/v1/unload_lora_adapter"),
         ("POST", "/v1/unload_lora_adapter"),
+        ("POST", "/v1/chat/completions"),
         ("GET", "/v1/nowhere"),
         ("GET", "/v1/chat/completions"),
     ]
