@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import openai
 import pytest
 
 from flywheel.inference.backends import Adapter, BackendError
@@ -514,6 +515,28 @@ def test_the_standin_unloads_adapters_and_reports_what_it_received(
         ("GET", "/v1/chat/completions"),
     ]
     assert recorded[0]["body"] == load
+
+
+def test_the_official_openai_client_reads_the_standins_answers(server: RunningStandin) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    ask = [{"role": "user", "content": "please call get_weather now"}]
+    called = client.chat.completions.create(model=BASE, messages=ask, tools=[WEATHER_TOOL])
+    [call] = called.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert called.choices[0].finish_reason == "tool_calls"
+    streamed = client.chat.completions.create(
+        model=BASE,
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "reply from standin-base to: hi"
+    )
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == 1 + 5
+    client.close()
 
 
 def test_the_standin_command_prints_its_address_once_serving() -> None:
