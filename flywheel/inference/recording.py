@@ -52,7 +52,7 @@ from typing import Any, Literal
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import Table, select
-from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import insert_ignoring_conflicts
@@ -73,6 +73,7 @@ Row = dict[str, Any]
 DROP_REASONS = (
     "queue_full",  # the queue and the spool's queue were both full
     "spool_full",
+    "spool_failed",  # the spool could not be written (a disk error)
     "foreign_domain",  # the record's domain is not its tenant's
     "refused",  # the database refused the row for its data
     "torn",  # a spooled line a crash cut short
@@ -178,10 +179,10 @@ class Recorder:
     async def aclose(self) -> None:
         """Stop the writer: what is queued is written, or spooled when the database refuses."""
         self._is_closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._wake.set()
+        self._full.set()
+        if self._task is not None:  # it ends after its step: a write is never cut short
+            await self._task
             self._task = None
         await self.flush(replay=False)
         self.spool.close()
@@ -199,13 +200,11 @@ class Recorder:
     # The background task, on the event loop.
 
     async def _run(self) -> None:
-        while True:
+        while not self._is_closed:
             try:
                 await self._next_batch()
                 async with self._write_lock:
-                    await self._step(replay=True)
-            except asyncio.CancelledError:
-                raise
+                    await self._step(replay=not self._is_closed)
             except Exception:  # a bug must not end recording: log, and go on
                 log.exception("the call recorder's writer failed a step")
                 await asyncio.sleep(self.flush_interval_s)
@@ -213,12 +212,12 @@ class Recorder:
     async def _next_batch(self) -> None:
         """Wait for a record (or, with lines spooled, for the next retry), then up to the flush
         interval for a full batch."""
-        if not self._queue and not self._overflow:
+        if not self._queue and not self._overflow and not self._is_closed:
             self._wake.clear()
             timeout = self.retry_interval_s if self.spool.has_lines() else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-        if len(self._queue) < self.batch_size and not self._overflow:
+        if len(self._queue) < self.batch_size and not self._overflow and not self._is_closed:
             self._full.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._full.wait(), self.flush_interval_s)
@@ -256,36 +255,26 @@ class Recorder:
         """Write `rows` in one transaction; spool them when the database cannot. Whether the
         database took them."""
         try:
-            inserted, foreign = self._insert(rows)
-        except (IntegrityError, DataError):
-            try:
-                inserted, foreign = self._insert_one_by_one(rows)
-            except SQLAlchemyError as error:
-                return self._database_down(rows, error)
-        except SQLAlchemyError as error:
-            return self._database_down(rows, error)
-        self._count(counter, inserted)
-        self._count("duplicates", len(rows) - foreign - inserted)
+            stored = self._store(rows)
+        except Exception as error:  # the database is down, or something else broke: keep them
+            log.warning("could not write %d call records; spooling them: %s", len(rows), error)
+            self._spool_rows(rows)
+            return False
+        self._count_stored(stored, len(rows), counter=counter)
         return True
 
-    def _database_down(self, rows: list[Row], error: Exception) -> bool:
-        log.warning("the database refused %d call records; spooling them: %s", len(rows), error)
-        self._spool_rows(rows)
-        return False
-
-    def _insert(self, rows: list[Row]) -> tuple[int, int]:
-        """(inserted, dropped as another tenant's domain), in one transaction."""
-        with self.sessions() as session, session.begin():
-            kept = _tenants_own(session, rows)
-            inserted = insert_ignoring_conflicts(session, INTERACTIONS, kept)
-        foreign = len(rows) - len(kept)
-        self._drop("foreign_domain", foreign)
-        return len(inserted), foreign
-
-    def _insert_one_by_one(self, rows: list[Row]) -> tuple[int, int]:
-        """The rows the database accepts, each in a savepoint of one transaction; the refused
-        ones are dropped and counted."""
-        inserted = refused = 0
+    def _store(self, rows: list[Row]) -> _Stored:
+        """Write `rows` in one transaction, set-based; when the database refuses the batch for
+        its data, again in one transaction, row by row (each in a savepoint), leaving out the
+        refused ones. Raises what a database that is down raises."""
+        try:
+            with self.sessions() as session, session.begin():
+                kept = _tenants_own(session, rows)
+                inserted = len(insert_ignoring_conflicts(session, INTERACTIONS, kept))
+            return _Stored(inserted, len(rows) - len(kept))
+        except (IntegrityError, DataError):
+            pass
+        refused = inserted = 0
         with self.sessions() as session, session.begin():
             kept = _tenants_own(session, rows)
             for row in kept:
@@ -295,17 +284,21 @@ class Recorder:
                 except (IntegrityError, DataError) as error:
                     log.error("the database refused call record %s: %s", row["id"], error)
                     refused += 1
-        foreign = len(rows) - len(kept)
-        self._drop("foreign_domain", foreign)
-        self._drop("refused", refused)
-        return inserted, foreign + refused
+        return _Stored(inserted, len(rows) - len(kept), refused)
+
+    def _count_stored(self, stored: _Stored, submitted: int, *, counter: str) -> None:
+        self._count(counter, stored.inserted)
+        self._count("duplicates", submitted - stored.inserted - stored.foreign - stored.refused)
+        self._drop("foreign_domain", stored.foreign)
+        self._drop("refused", stored.refused)
 
     def _spool_rows(self, rows: list[Row]) -> None:
         try:
             appended = self.spool.append([_spool_line(row) for row in rows])
         except OSError:
             log.exception("could not spool %d call records", len(rows))
-            appended = 0
+            self._drop("spool_failed", len(rows))
+            return
         self._count("spooled", appended)
         self._drop("spool_full", len(rows) - appended)
 
@@ -315,16 +308,15 @@ class Recorder:
         if chunk is None:
             return False
         rows, torn = _parse_lines(chunk.lines)
-        self._drop("torn", chunk.torn + torn)
         if rows:
             try:
-                inserted, foreign = self._insert(rows)
-            except SQLAlchemyError as error:
+                stored = self._store(rows)
+            except Exception as error:  # still down: the chunk stays, for the next attempt
                 log.warning("replaying the spool failed; it stays for later: %s", error)
                 self._is_database_up = False
                 return False
-            self._count("replayed", inserted)
-            self._count("duplicates", len(rows) - foreign - inserted)
+            self._count_stored(stored, len(rows), counter="replayed")
+        self._drop("torn", chunk.torn + torn)
         self.spool.done(chunk)
         return True
 
@@ -338,6 +330,13 @@ class Recorder:
             with self._counts_lock:
                 self.dropped[reason] += amount
             log.warning("dropped %d call records (%s)", amount, reason)
+
+
+@dataclass(frozen=True)
+class _Stored:
+    inserted: int
+    foreign: int  # left out: the record's domain is not its tenant's
+    refused: int = 0  # left out: the database refused the row for its data
 
 
 def _take(queue: deque[CallRecord], limit: int) -> list[CallRecord]:
