@@ -42,9 +42,10 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -57,7 +58,7 @@ from sqlalchemy.orm import Session
 
 from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.feedback.models import Interaction
-from flywheel.inference.spool import MIB, Spool
+from flywheel.inference.spool import MIB, Spool, decode_rows, encode_row
 from flywheel.redaction import redact
 from flywheel.settings import Settings
 from flywheel.signals.compile.items import group_key_of
@@ -137,7 +138,8 @@ class Recorder:
         self._write_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._is_closed = False
-        self._is_database_up = True
+        self._failed_at: float | None = None  # when the database last failed a write
+        self._is_replaying = False  # a chunk was replayed and more are spooled
         self._counts_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
@@ -167,12 +169,13 @@ class Recorder:
             self._drop("unexpected", 1)
 
     async def flush(self, *, replay: bool = True) -> None:
-        """Write (or spool) everything submitted so far; with `replay`, also write back what
-        the spool holds, when the database takes it."""
+        """Write (or spool) everything submitted so far, trying the database even if it was
+        down a moment ago; with `replay`, also write back what the spool holds, if it can."""
         async with self._write_lock:
+            self._failed_at = None  # try now
             while self._queue or self._overflow:
                 await self._step(replay=replay)
-            while replay and self._is_database_up and self.spool.has_lines():
+            while replay and self._is_database_up() and self.spool.has_lines():
                 if not await asyncio.to_thread(self._replay_chunk):
                     break
 
@@ -200,6 +203,7 @@ class Recorder:
     # The background task, on the event loop.
 
     async def _run(self) -> None:
+        self._is_replaying = self.spool.has_lines()  # an earlier run's spool, first
         while not self._is_closed:
             try:
                 await self._next_batch()
@@ -210,14 +214,19 @@ class Recorder:
                 await asyncio.sleep(self.flush_interval_s)
 
     async def _next_batch(self) -> None:
-        """Wait for a record (or, with lines spooled, for the next retry), then up to the flush
-        interval for a full batch."""
-        if not self._queue and not self._overflow and not self._is_closed:
+        """Wait for a record (not while a replay is under way; with lines spooled and the
+        database down, until the next retry), then up to the flush interval for a full batch."""
+        if self._is_closed:
+            return
+        if not self._queue and not self._overflow:
+            if self._is_replaying:
+                await asyncio.sleep(0)  # one chunk a step: calls queued meanwhile go in between
+                return
             self._wake.clear()
             timeout = self.retry_interval_s if self.spool.has_lines() else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-        if len(self._queue) < self.batch_size and not self._overflow and not self._is_closed:
+        if self._queue and len(self._queue) < self.batch_size and not self._overflow:
             self._full.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._full.wait(), self.flush_interval_s)
@@ -227,18 +236,25 @@ class Recorder:
         spill = _take(self._overflow, self.batch_size)
         await asyncio.to_thread(self._write_step, batch, spill, replay)
 
+    def _is_database_up(self) -> bool:
+        """Up, or down long enough ago to try again: while it is down, batches go straight to
+        the spool instead of each waiting for a connection to fail."""
+        failed_at = self._failed_at
+        return failed_at is None or time.monotonic() - failed_at >= self.retry_interval_s
+
     # The writer, on a worker thread: one step at a time (the write lock).
 
     def _write_step(self, batch: list[CallRecord], spill: list[CallRecord], replay: bool) -> None:
         if spill:
             self._spool_rows(self._rows(spill))
         rows = self._rows(batch)
-        if rows:
-            self._is_database_up = self._write_rows(rows, counter="recorded")
-        elif replay and self.spool.has_lines():
-            self._is_database_up = True  # probe: a replay attempt tells
-        if replay and self._is_database_up:
-            self._replay_chunk()
+        if rows and self._is_database_up():
+            self._write_rows(rows, counter="recorded")
+        elif rows:
+            self._spool_rows(rows)
+        self._is_replaying = False
+        if replay and self._is_database_up() and self.spool.has_lines():
+            self._is_replaying = self._replay_chunk() and self.spool.has_lines()
 
     def _rows(self, records: Iterable[CallRecord]) -> list[Row]:
         """The records' rows, redacted; a record that cannot be made one is dropped, counted."""
@@ -258,8 +274,10 @@ class Recorder:
             stored = self._store(rows)
         except Exception as error:  # the database is down, or something else broke: keep them
             log.warning("could not write %d call records; spooling them: %s", len(rows), error)
+            self._failed_at = time.monotonic()
             self._spool_rows(rows)
             return False
+        self._failed_at = None
         self._count_stored(stored, len(rows), counter=counter)
         return True
 
@@ -294,7 +312,7 @@ class Recorder:
 
     def _spool_rows(self, rows: list[Row]) -> None:
         try:
-            appended = self.spool.append([_spool_line(row) for row in rows])
+            appended = self.spool.append([encode_row(row) for row in rows])
         except OSError:
             log.exception("could not spool %d call records", len(rows))
             self._drop("spool_failed", len(rows))
@@ -307,14 +325,15 @@ class Recorder:
         chunk = self.spool.next_chunk(self.batch_size)
         if chunk is None:
             return False
-        rows, torn = _parse_lines(chunk.lines)
+        rows, torn = decode_rows(chunk.lines, ROW_COLUMNS)
         if rows:
             try:
                 stored = self._store(rows)
             except Exception as error:  # still down: the chunk stays, for the next attempt
                 log.warning("replaying the spool failed; it stays for later: %s", error)
-                self._is_database_up = False
+                self._failed_at = time.monotonic()
                 return False
+            self._failed_at = None
             self._count_stored(stored, len(rows), counter="replayed")
         self._drop("torn", chunk.torn + torn)
         self.spool.done(chunk)
@@ -421,33 +440,8 @@ def _redacted_tool_calls(
     return redacted
 
 
-def _spool_line(row: Row) -> bytes:
-    return orjson.dumps(row)
-
-
-UUID_COLUMNS = ("id", "tenant_id", "domain_id")
 # The columns `interaction_row` fills: every one of `interactions`.
 ROW_COLUMNS = frozenset(INTERACTIONS.c.keys())
-
-
-def _parse_lines(lines: Sequence[bytes]) -> tuple[list[Row], int]:
-    """The rows of spooled lines, and how many lines were not rows (torn by a crash)."""
-    rows: list[Row] = []
-    for line in lines:
-        try:
-            rows.append(_parse_row(orjson.loads(line)))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return rows, len(lines) - len(rows)
-
-
-def _parse_row(row: Row) -> Row:
-    for column in UUID_COLUMNS:
-        row[column] = uuid.UUID(row[column])
-    row["created_at"] = datetime.fromisoformat(row["created_at"])
-    if row.keys() != ROW_COLUMNS:
-        raise ValueError("not an interaction row of this version")
-    return row
 
 
 class RecorderCollector:

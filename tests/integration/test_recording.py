@@ -589,3 +589,45 @@ def test_each_registry_gets_its_own_collector(
         assert "flywheel_gateway_records_recorded_total 1.0" in text
         assert "flywheel_gateway_record_queue_depth 0.0" in text
         assert 'flywheel_gateway_records_dropped_total{reason="spool_full"} 0.0' in text
+
+
+def test_while_the_database_is_down_batches_skip_it_until_the_next_retry(
+    sessions: sessionmaker[Session],
+    down: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    attempts: list[int] = []
+
+    def count_attempt(*_args: object) -> None:
+        attempts.append(1)
+
+    async def scenario() -> dict[str, int]:
+        recorder = Recorder(
+            down, recorder_settings, batch_size=2, flush_interval_ms=1, retry_interval_s=600
+        )
+        await recorder.start()
+        for _ in range(2):
+            recorder.submit(call(acme, domain_id))
+        await recorder.flush()  # tries the database: down
+        tried = len(attempts)
+        for _ in range(6):
+            recorder.submit(call(acme, domain_id))
+        for _ in range(200):  # the background writer takes three more batches
+            if recorder.counters["spooled"] == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert len(attempts) == tried  # straight to the spool: no connection tried
+        await recorder.aclose()
+        return recorder.counters
+
+    engine = down.kw["bind"]
+    event.listen(engine, "do_connect", count_attempt)
+    try:
+        counters = run(scenario())
+    finally:
+        event.remove(engine, "do_connect", count_attempt)
+    assert attempts
+    assert counters["spooled"] == 8
+    assert counters["recorded"] == counters["dropped"] == 0
