@@ -11,9 +11,13 @@ stored.
 
 Before anything is written or spooled, the conversation, the response, its tool calls'
 arguments, tool results and the error are redacted as the feedback compiler redacts them
-(`flywheel.redaction.redact` on every text `flywheel.signals.message_texts` reaches, with the
-conversation's compile group key as the scope of its surrogates); each record's report (how
-many of each type were replaced) goes to the interaction's `metadata["redaction"]`.
+(what `flywheel.redaction.redact` does, on every text `flywheel.signals.message_texts`
+reaches, with the conversation's compile group key as the scope of its surrogates: the stored
+conversation is the one compile would store); each record's report (how many of each type were
+replaced) goes to the interaction's `metadata["redaction"]`. Redaction runs on the writer's
+thread, which gives the GIL up between records (the event loop waits for it at most one
+record's redaction, not the 5 ms switch interval), and remembers the finds of texts it saw
+lately (`SpanCache`): a chat resends its history with every turn.
 
 The interaction id is the caller's: the gateway returns it to the app before the row exists.
 Feedback that arrives for it before the batch is written is answered as for any unknown
@@ -59,7 +63,8 @@ from sqlalchemy.orm import Session
 from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.feedback.models import Interaction
 from flywheel.inference.spool import MIB, Spool, decode_rows, encode_row
-from flywheel.redaction import redact
+from flywheel.redaction import Span, Surrogates, apply, find_spans
+from flywheel.redaction.keys import redaction_key
 from flywheel.settings import Settings
 from flywheel.signals.compile.items import group_key_of
 from flywheel.signals.message_texts import map_texts
@@ -140,6 +145,7 @@ class Recorder:
         self._is_closed = False
         self._failed_at: float | None = None  # when the database last failed a write
         self._is_replaying = False  # a chunk was replayed and more are spooled
+        self._spans = SpanCache()  # the writer thread's
         self._counts_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
@@ -260,8 +266,11 @@ class Recorder:
         """The records' rows, redacted; a record that cannot be made one is dropped, counted."""
         rows = []
         for record in records:
+            # Redacting holds the GIL; giving it up between records lets the event loop in at
+            # once, instead of after the interpreter's 5 ms switch interval.
+            time.sleep(0)
             try:
-                rows.append(interaction_row(record))
+                rows.append(interaction_row(record, self._spans))
             except Exception:  # a malformed record must not lose the rest of its batch
                 log.exception("could not make a call record an interaction row")
                 self._drop("unexpected", 1)
@@ -373,10 +382,11 @@ def _tenants_own(session: Session, rows: list[Row]) -> list[Row]:
 # Rows: redacted, as written and as spooled.
 
 
-def interaction_row(record: CallRecord) -> Row:
-    """The `interactions` row of a call: its texts redacted, the report in its metadata."""
+def interaction_row(record: CallRecord, spans: Callable[[str], list[Span]] = find_spans) -> Row:
+    """The `interactions` row of a call: its texts redacted (`spans` finds what to replace: a
+    `SpanCache` remembers), the report in its metadata."""
     messages_json = orjson.dumps(record.messages).decode()
-    redactor = _Redactor(group_key_of(messages_json))
+    redactor = _Redactor(group_key_of(messages_json), spans)
     messages = [map_texts(message, redactor) for message in record.messages]
     response = redactor(record.response)
     tool_calls = _redacted_tool_calls(record.response_tool_calls, redactor)
@@ -414,16 +424,40 @@ def interaction_row(record: CallRecord) -> Row:
     }
 
 
+class SpanCache:
+    """`find_spans` of texts seen lately: a chat resends its whole history with every turn, so
+    most texts of a call were scanned before. Keyed by a digest of the text, never the text
+    (no PII kept in memory); emptied when it holds `size` entries. One thread at a time."""
+
+    def __init__(self, size: int = 50_000) -> None:
+        self.size = size
+        self._found: dict[bytes, list[Span]] = {}
+
+    def __call__(self, text: str) -> list[Span]:
+        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= self.size:
+                self._found.clear()
+            found = self._found[key] = find_spans(text)
+        return found
+
+
 class _Redactor:
     """`redact` on each text of one call, in the scope of its conversation, summing counts."""
 
-    def __init__(self, scope: str) -> None:
-        self.scope = scope
+    def __init__(self, scope: str, spans: Callable[[str], list[Span]]) -> None:
+        self.spans = spans
+        self.surrogates = Surrogates(redaction_key(), scope)
         self.counts: Counter[str] = Counter()
 
     def __call__(self, text: str) -> str:
         # NUL cannot be stored in PostgreSQL text or JSONB, and means nothing in a conversation.
-        redaction = redact(text.replace("\x00", ""), scope=self.scope)
+        text = text.replace("\x00", "")
+        spans = self.spans(text)
+        if not spans:
+            return text
+        redaction = apply(text, spans, self.surrogates)
         self.counts.update(redaction.counts)
         return redaction.text
 

@@ -31,6 +31,8 @@ from flywheel.inference.recording import CallRecord, Recorder, recorder_collecto
 from flywheel.inference.spool import Spool
 from flywheel.models import Interaction
 from flywheel.settings import Settings
+from flywheel.signals.compile.items import Texts, group_key_of
+from flywheel.signals.message_texts import map_texts
 from tests.conftest import Caller, count_rows
 
 pytestmark = pytest.mark.commits("the recorder writes from worker threads, in its own transactions")
@@ -260,6 +262,11 @@ def test_texts_are_redacted_before_they_are_written(
     assert set(arguments_stored) == {"token", "account"}
     assert arguments_stored["account"] == 7
     assert stored.messages[0]["content"].startswith("Send the invoice to ")
+    # Exactly what the feedback compiler stores for this conversation and response.
+    texts, group_key = Texts(), group_key_of(orjson.dumps(messages).decode())
+    compiled = [map_texts(message, lambda raw: texts(raw, group_key).text) for message in messages]
+    assert stored.messages == compiled
+    assert stored.response == texts(record.response, group_key).text
     # The same address is the same surrogate within the call, in the prompt and the response.
     surrogate = stored.messages[0]["content"].removeprefix("Send the invoice to ").split()[0]
     assert surrogate in stored.response
