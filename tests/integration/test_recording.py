@@ -638,3 +638,18 @@ def test_while_the_database_is_down_batches_skip_it_until_the_next_retry(
     assert attempts
     assert counters["spooled"] == 8
     assert counters["recorded"] == counters["dropped"] == 0
+
+
+def test_interactions_posted_through_the_api_are_ok_with_no_release_role(
+    client: TestClient, sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    body = {"domain": "billing", "messages": [{"role": "user", "content": "p"}], "response": "r"}
+    posted = client.post("/v1/interactions", json=body, headers=acme.headers)
+    assert posted.status_code == 201
+    (stored,) = rows(sessions)
+    assert (stored.status, stored.release_role, stored.end_user, stored.latency_ms) == (
+        "ok",
+        None,
+        None,
+        None,
+    )
