@@ -34,6 +34,11 @@ time, idempotently by id. A batch the database refuses for its data (an integrit
 error) is written row by row in the same transaction, each row in a savepoint, and only the
 refused rows are dropped and counted.
 
+What is only in memory (the queue, a batch being written) dies with the process; `aclose()`,
+on shutdown, writes or spools all of it. The gateway starts the recorder in its lifespan
+(`await recorder.start()`), closes it there (`await recorder.aclose()`), and registers
+`recorder_collector(recorder)` in its own metrics registry.
+
 Counters (`.counters`, and `recorder_collector(recorder)` for a Prometheus registry):
 recorded, spooled, replayed, dropped (by reason in `.dropped`), duplicates (ids already
 stored), spool_bytes, queue_depth.

@@ -653,3 +653,20 @@ def test_interactions_posted_through_the_api_are_ok_with_no_release_role(
         None,
         None,
     )
+
+
+@pytest.mark.no_database
+def test_the_spool_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
+    monkeypatch.delenv("FLYWHEEL_GATEWAY_SPOOL_PATH", raising=False)
+    monkeypatch.delenv("FLYWHEEL_GATEWAY_SPOOL_MAX_MB", raising=False)
+    defaults = Settings()
+    assert defaults.resolved_gateway_spool_path == tmp_path / "gateway-spool.jsonl"
+    assert defaults.gateway_spool_max_mb == 256
+    monkeypatch.setenv("FLYWHEEL_GATEWAY_SPOOL_PATH", str(tmp_path / "elsewhere.jsonl"))
+    monkeypatch.setenv("FLYWHEEL_GATEWAY_SPOOL_MAX_MB", "0.5")
+    configured = Settings()
+    assert configured.resolved_gateway_spool_path == tmp_path / "elsewhere.jsonl"
+    recorder = Recorder(sessionmaker(create_engine("sqlite://")), configured)
+    assert recorder.spool.path == tmp_path / "elsewhere.jsonl"
+    assert recorder.spool.max_bytes == 512 * 1024
