@@ -670,3 +670,25 @@ def test_the_spool_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
     recorder = Recorder(sessionmaker(create_engine("sqlite://")), configured)
     assert recorder.spool.path == tmp_path / "elsewhere.jsonl"
     assert recorder.spool.max_bytes == 512 * 1024
+
+
+@pytest.mark.no_database
+def test_two_processes_sharing_a_spool_never_replay_it_both(tmp_path: Path) -> None:
+    # Two Spool objects hold their own descriptors, as two worker processes would: flock
+    # excludes the second from a replay the first has claimed.
+    path = tmp_path / "spool.jsonl"
+    first, second = Spool(path, 1 << 20), Spool(path, 1 << 20)
+    assert first.append([b'{"n": 1}', b'{"n": 2}']) == 2
+    chunk = first.next_chunk(10)
+    assert chunk is not None
+    assert chunk.lines == [b'{"n": 1}', b'{"n": 2}']
+    assert second.next_chunk(10) is None  # claimed by the first
+    assert second.append([b'{"n": 3}']) == 1  # goes to a fresh file, not the claimed one
+    first.done(chunk)
+    assert not first.replaying.exists()
+    again = second.next_chunk(10)
+    assert again is not None
+    assert again.lines == [b'{"n": 3}']
+    second.done(again)
+    assert not path.exists()
+    assert first.size_bytes() == second.size_bytes() == 0
