@@ -621,7 +621,7 @@ def test_while_the_database_is_down_batches_skip_it_until_the_next_retry(
         tried = len(attempts)
         for _ in range(6):
             recorder.submit(call(acme, domain_id))
-        for _ in range(200):  # the background writer takes three more batches
+        for _ in range(1000):  # the background writer takes three more batches
             if recorder.counters["spooled"] == 8:
                 break
             await asyncio.sleep(0.01)
