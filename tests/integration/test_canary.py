@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.release import current_challenger
 from flywheel.registry.watch import LiveRates
 from flywheel.scheduling.cycle import CycleRequest, run_cycle
+from flywheel.scheduling.jobs import WATCH_TASK, make_job_app
 from flywheel.settings import Settings
 from flywheel.tenancy.service import get_domain
 from tests.conftest import Caller, run_cli
@@ -43,8 +45,8 @@ def traffic(
     sessions: sessionmaker[Session], caller: Caller, counts: dict[str, tuple[int, int]]
 ) -> None:
     """Interactions served by each `acme.billing` version (ups, downs), interleaved in time as
-    a canary's users are (the first listed serves first), each rated once with a thumb: recorded through the feedback
-    service, as the REST API records them."""
+    a canary's users are (the first listed serves first), each rated once with a thumb:
+    recorded through the feedback service, as the REST API records them."""
     thumbs = {version: ["up"] * ups + ["down"] * downs for version, (ups, downs) in counts.items()}
     with unit_of_work(sessions) as session:
         connection = session.connection()
@@ -205,15 +207,20 @@ def test_a_challenger_with_a_stale_verdict_is_not_promoted(
     assert events(sessions)[-1].actor == "t"
 
 
-def test_the_periodic_watch_promotes_and_reports_each_watched_domain(
-    sessions: sessionmaker[Session], acme: Caller, canary: MlflowRegistry
+@pytest.mark.postgres_only
+def test_the_workers_periodic_watch_promotes_and_reports_each_watched_domain(
+    sessions: sessionmaker[Session], acme: Caller, canary: MlflowRegistry, settings: Settings
 ) -> None:
     traffic(sessions, acme, {"2": (33, 7), "1": (30, 10)})
+    app = make_job_app(
+        settings.model_copy(update={"mlflow_tracking_uri": canary.tracking_uri}), sessions
+    )
 
-    results = watch_domains(sessions, canary)
+    results = app.tasks[WATCH_TASK].func(timestamp=int(time.time()))
 
     assert [(r["domain"], r["release"]["action"]) for r in results] == [("billing", "promoted")]
     assert canary.alias_version("acme.billing", "champion") == "2"
+    assert watch_domains(sessions, canary)[0]["release"]["reason"] == "no challenger"
 
 
 def test_the_watch_command_prints_both_verdicts(
