@@ -5,8 +5,10 @@ Interactions record the model that served them (`model: {"name": "acme.billing",
 stars read as up at 4-5, down at 1-2) and the correction rate (interactions corrected, over
 interactions with any feedback). The champion is flagged when its thumbs-up rate is below its
 predecessor's by a one-sided two-proportion z-test at `alpha`, each side having at least
-`min_ratings` ratings; with the domain config's `auto_rollback: true` the champion is then
-rolled back at once, audited as an `auto_rollback` by `watch`.
+`min_ratings` ratings; with the domain config's `auto_rollback: true` (at its top or in its
+`release` section) the champion is then rolled back at once, audited as an `auto_rollback` by
+`watch`. The challenger of a canary is judged against the champion by `registry.canary`, on the
+same period's traffic (`live_rates(..., since=...)`).
 """
 
 from __future__ import annotations

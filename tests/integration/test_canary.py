@@ -44,9 +44,9 @@ CANARY = {"challenger_share": 0.1, "auto_promote": True, "auto_rollback": True}
 def traffic(
     sessions: sessionmaker[Session], caller: Caller, counts: dict[str, tuple[int, int]]
 ) -> None:
-    """Interactions served by each `acme.billing` version (ups, downs), interleaved in time as
-    a canary's users are (the first listed serves first), each rated once with a thumb:
-    recorded through the feedback service, as the REST API records them."""
+    """Interactions served by each `acme.billing` version or the "base" (ups, downs),
+    interleaved in time as a canary's users are (the first listed serves first), each rated
+    once with a thumb: recorded through the feedback service, as the REST API records them."""
     thumbs = {version: ["up"] * ups + ["down"] * downs for version, (ups, downs) in counts.items()}
     with unit_of_work(sessions) as session:
         connection = session.connection()
@@ -59,7 +59,8 @@ def traffic(
                     tenant_id=caller.tenant_id,
                     new=NewInteraction(
                         domain="billing", messages=[{"role": "user", "content": f"q{n}"}],
-                        response=f"a{n}", model_name="acme.billing", model_version=version,
+                        response=f"a{n}", model_name=None if version == "base" else "acme.billing",
+                        model_version=None if version == "base" else version,
                     ),
                     idempotency_key=None,
                 )  # fmt: skip
@@ -221,6 +222,43 @@ def test_the_workers_periodic_watch_promotes_and_reports_each_watched_domain(
     assert [(r["domain"], r["release"]["action"]) for r in results] == [("billing", "promoted")]
     assert canary.alias_version("acme.billing", "champion") == "2"
     assert watch_domains(sessions, canary)[0]["release"]["reason"] == "no challenger"
+
+
+def test_without_a_champion_the_challenger_is_judged_against_the_base(
+    sessions: sessionmaker[Session],
+    acme: Caller,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
+    registry = MlflowRegistry(f"sqlite:///{tmp_path / 'mlflow.db'}")
+    register(sessions, registry, acme, tmp_path, "one", PASSED)
+    configure(sessions, {"release": CANARY})
+    traffic(sessions, acme, {"1": (31, 9), "base": (25, 15)})
+
+    result = watched(sessions, registry, acme).release
+
+    assert result.champion is not None
+    assert (result.champion.version, result.champion.ratings) == ("base", 40)
+    assert (result.decision, result.action) == ("promote", "promoted")
+    assert registry.alias_version("acme.billing", "champion") == "1"
+
+
+def test_release_auto_rollback_also_rolls_a_worse_champion_back(
+    sessions: sessionmaker[Session], acme: Caller, canary: MlflowRegistry
+) -> None:
+    with unit_of_work(sessions) as session:
+        service.promote(
+            session=session, registry=canary,
+            domain=get_domain(session, acme.tenant_id, "billing"), version="2", actor="t",
+        )  # fmt: skip
+    traffic(sessions, acme, {"1": (40, 10), "2": (20, 30)})
+
+    seen = watched(sessions, canary, acme)
+
+    assert seen.champion.rolled_back_to == "1"
+    assert seen.release.reason == "the champion was rolled back: the canary waits"
+    assert canary.alias_version("acme.billing", "champion") == "1"
 
 
 def test_the_watch_command_prints_both_verdicts(
