@@ -162,6 +162,8 @@ def watch_release(*, session: Session, registry: Registry, domain: Domain) -> Re
 def _went_live(session: Session, challenger: ModelVersion) -> datetime:
     """When the same period's traffic starts: the challenger's first interaction (else its
     registration), or the current champion's promotion when that came later."""
+    # TODO(issue 19): count only release_role != 'shadow' once the gateway's column is on
+    # Interaction (a shadow answer is not the canary reaching users).
     first = session.scalar(
         select(func.min(Interaction.created_at)).where(
             Interaction.domain_id == challenger.domain_id,
