@@ -157,7 +157,7 @@ def configure_domain(
         ...,
         "--file",
         help="YAML or JSON: base_model, cycle, dataset, gate, primary_metric, auto_rollback, "
-        "webhooks.",
+        "webhooks, release.",
     ),
     tenant: str = TenantOption,
     as_json: bool = JsonOption,
@@ -166,6 +166,7 @@ def configure_domain(
     import yaml
 
     from flywheel.datasets.settings import dataset_settings
+    from flywheel.registry.release import release_config
     from flywheel.registry.webhooks import domain_webhooks
     from flywheel.scheduling.config import cycle_settings
     from flywheel.tenancy import service
@@ -183,5 +184,6 @@ def configure_domain(
         cycle_settings(domain)  # a bad cycle section fails here, before anything is stored
         dataset_settings(domain)  # and so does a bad dataset section
         domain_webhooks(domain)  # and a bad webhooks list
+        release_config(domain)  # and a bad release section
         data = {"name": domain.name, "config": config}
     emit(data, as_json=as_json, text=f"configured {tenant}/{name}")

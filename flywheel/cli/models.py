@@ -146,22 +146,25 @@ def _told(sent: DeliveryReport) -> str:
 def watch(
     domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
 ) -> None:
-    """Compare the champion's live thumbs-up rate with its predecessor's; roll back when the
-    drop is significant and the domain's config has auto_rollback."""
+    """Compare the champion's live thumbs-up rate with its predecessor's (roll back a
+    significant drop with auto_rollback), then the challenger's with the champion's on the same
+    period's traffic (the domain's release config: promote or retire it)."""
     from flywheel.db import unit_of_work
-    from flywheel.registry.watch import watch_domain
+    from flywheel.registry.canary import watch as watch_live
     from flywheel.registry.webhooks import Scope, deliver_soon
     from flywheel.tenancy.service import get_domain
 
     with database_sessions() as sessions:
         with unit_of_work(sessions) as session:
             found = get_domain(session, resolve_tenant_id(session, tenant), domain)
-            result = watch_domain(session=session, registry=_registry(), domain=found)
-        if result.rolled_back_to:  # committed: now tell serving stacks
+            result = watch_live(session=session, registry=_registry(), domain=found)
+        if result.has_moved_champion:  # committed: now tell serving stacks
             deliver_soon(sessions, Scope(domain_id=found.id))
-    verdict = "FLAGGED: " if result.is_flagged else ""
-    back = f"; rolled back to v{result.rolled_back_to}" if result.rolled_back_to else ""
-    emit(result.as_json(), as_json=as_json, text=f"{domain}: {verdict}{result.reason}{back}")
+    checked = result.champion
+    verdict = "FLAGGED: " if checked.is_flagged else ""
+    back = f"; rolled back to v{checked.rolled_back_to}" if checked.rolled_back_to else ""
+    text = f"{domain}: {verdict}{checked.reason}{back}\nrelease: {result.release.reason}"
+    emit(result.as_json(), as_json=as_json, text=text)
 
 
 def version_json(version: ModelVersion, *, is_champion: bool) -> dict[str, Any]:

@@ -87,11 +87,15 @@ class ModelVersion(IdMixin, Base):
 
 
 class PromotionEvent(IdMixin, Base):
-    """Append-only audit of every alias move: who moved what from where to where, and why."""
+    """Append-only audit of every alias move: who moved what from where to where, and why.
+    `retire` (alias `challenger`, to none): the live watch took a worse challenger off the
+    canary."""
 
     __tablename__ = "promotion_events"
     __table_args__ = (
-        CheckConstraint("action IN ('promote', 'rollback', 'auto_rollback')", name="action"),
+        CheckConstraint(
+            "action IN ('promote', 'rollback', 'auto_rollback', 'retire')", name="action"
+        ),
         Index(None, "domain_id", "created_at"),
     )
 

@@ -5,17 +5,21 @@ Interactions record the model that served them (`model: {"name": "acme.billing",
 stars read as up at 4-5, down at 1-2) and the correction rate (interactions corrected, over
 interactions with any feedback). The champion is flagged when its thumbs-up rate is below its
 predecessor's by a one-sided two-proportion z-test at `alpha`, each side having at least
-`min_ratings` ratings; with the domain config's `auto_rollback: true` the champion is then
-rolled back at once, audited as an `auto_rollback` by `watch`.
+`min_ratings` ratings; with the domain config's `auto_rollback: true` (at its top or in its
+`release` section) the champion is then rolled back at once, audited as an `auto_rollback` by
+`watch`. The challenger of a canary is judged against the champion by `registry.canary`, on the
+same period's traffic (`live_rates(..., since=...)`).
 """
 
 from __future__ import annotations
 
 import math
+import uuid
 from dataclasses import asdict, dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import Integer, case, func, select
+from sqlalchemy import ColumnElement, Integer, case, func, select
 from sqlalchemy.orm import Session
 
 from flywheel.feedback.models import FeedbackEvent, Interaction
@@ -54,8 +58,28 @@ class WatchResult:
         return asdict(self)
 
 
-def live_rates(session: Session, version: ModelVersion) -> LiveRates:
-    """The version's live feedback, from the interactions it served."""
+def live_rates(
+    session: Session, version: ModelVersion, *, since: datetime | None = None
+) -> LiveRates:
+    """The version's live feedback, from the interactions it served (created at or after
+    `since`, when given)."""
+    served = (
+        (Interaction.domain_id == version.domain_id)
+        & (Interaction.model_name == version.registered_model)
+        & (Interaction.model_version == version.version)
+    )
+    return _rates(session, served, version.version, since)
+
+
+def base_rates(session: Session, domain_id: uuid.UUID, *, since: datetime | None) -> LiveRates:
+    """The base model's live feedback: the domain's interactions served by no version."""
+    served = (Interaction.domain_id == domain_id) & Interaction.model_version.is_(None)
+    return _rates(session, served, "base", since)
+
+
+def _rates(
+    session: Session, served: ColumnElement[bool], label: str, since: datetime | None
+) -> LiveRates:
     up = case(
         (FeedbackEvent.value["thumbs"].as_string() == "up", 1),
         (FeedbackEvent.value["stars"].as_integer() >= 4, 1),
@@ -67,11 +91,10 @@ def live_rates(session: Session, version: ModelVersion) -> LiveRates:
         (FeedbackEvent.value["stars"].as_integer() <= 2, 1),
         else_=0,
     )
-    served = (
-        (Interaction.domain_id == version.domain_id)
-        & (Interaction.model_name == version.registered_model)
-        & (Interaction.model_version == version.version)
-    )
+    # TODO(issue 19): leave out interactions with release_role 'shadow' (never seen by users,
+    # so never rated) once the gateway's `release_role` column is on Interaction.
+    if since is not None:
+        served = served & (Interaction.created_at >= since)
     ratings = session.execute(
         select(func.coalesce(func.sum(rated), 0), func.coalesce(func.sum(up), 0))
         .select_from(FeedbackEvent)
@@ -92,7 +115,7 @@ def live_rates(session: Session, version: ModelVersion) -> LiveRates:
     ).one()
     count, ups = int(ratings[0]), int(ratings[1])
     return LiveRates(
-        version.version,
+        label,
         count,
         ups / count if count else None,
         int(judged),
@@ -119,14 +142,14 @@ def watch_domain(
     if ours.ratings < min_ratings or theirs.ratings < min_ratings:
         reason = f"too few ratings to judge (need {min_ratings} each)"
         return WatchResult(ours, theirs, None, False, None, reason)
-    p_value = _one_sided_p(ours, theirs)
+    p_value = one_sided_p(ours, theirs)
     if p_value >= alpha:
         return WatchResult(ours, theirs, p_value, False, None, "no significant drop")
     reason = (
         f"live thumbs-up rate of v{ours.version} {ours.thumbs_up_rate:.1%} is below "
         f"v{theirs.version}'s {theirs.thumbs_up_rate:.1%} (one-sided p = {p_value:.4f})"
     )
-    if not (domain.config or {}).get("auto_rollback"):
+    if not _is_auto_rollback(domain):
         return WatchResult(ours, theirs, p_value, True, None, reason)
     event: PromotionEvent = rollback(
         session=session,
@@ -142,7 +165,15 @@ def watch_domain(
     return WatchResult(ours, theirs, p_value, True, predecessor.version, reason)
 
 
-def _one_sided_p(ours: LiveRates, theirs: LiveRates) -> float:
+def _is_auto_rollback(domain: Domain) -> bool:
+    """The domain's `auto_rollback`, at the top of its config or in its `release` section."""
+    config = domain.config or {}
+    release = config.get("release")
+    in_release = isinstance(release, dict) and release.get("auto_rollback") is True
+    return bool(config.get("auto_rollback")) or in_release
+
+
+def one_sided_p(ours: LiveRates, theirs: LiveRates) -> float:
     """P(a rate this much lower by chance): pooled two-proportion z-test, one-sided."""
     mine, before = ours.thumbs_up_rate or 0.0, theirs.thumbs_up_rate or 0.0
     pooled = (mine * ours.ratings + before * theirs.ratings) / (ours.ratings + theirs.ratings)

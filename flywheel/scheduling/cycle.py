@@ -10,7 +10,10 @@
   (`flywheel.training.launcher`); a later method trains a fresh adapter on the earlier stage
   merged into its base (`python -m finetune.merge`). The last adapter is the candidate.
 - evaluate: the candidate against the champion (or the base) on the frozen eval split; gate.
-- promote: when the gate passed (and `auto_promote`), the candidate becomes the champion.
+- promote: when the gate passed (and `auto_promote`), the candidate becomes the champion;
+  unless the domain releases by canary (`release.challenger_share` > 0 or `release.shadow`):
+  then it stays the challenger, served next to the champion, and the live watch
+  (`flywheel.registry.canary`) promotes or retires it on real users' feedback.
 
 Every step's status, start, end, duration and result are kept on the cycle's Run, as
 each finishes. A cycle that crashed, was killed or failed resumes at its first unfinished step
@@ -44,6 +47,7 @@ from flywheel.evaluation.service import EvalRequest, evaluate_version
 from flywheel.observability import cycle_metrics
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import Run
+from flywheel.registry.release import ReleaseConfig, release_config
 from flywheel.registry.service import promote
 from flywheel.scheduling.config import CycleSettings, Method, cycle_settings
 from flywheel.scheduling.runs import claim_run
@@ -98,6 +102,7 @@ def run_cycle(
                 return finished  # a retried job whose run had already ended
         domain = get_domain(session, request.tenant_id, request.domain)
         config = cycle_settings(domain)  # a bad config fails before the run is claimed
+        release_config(domain)  # and so does a bad release section
         configured = domain.config.get("base_model") if isinstance(domain.config, dict) else None
         run = claim_run(
             session,
@@ -133,6 +138,16 @@ def _finished(session: Session, request: CycleRequest) -> CycleOutcome | None:
 def _named(version: object) -> str:
     """ "base", or a version number as "v3"."""
     return f"v{version}" if str(version).isdigit() else str(version)
+
+
+def _canary(release: ReleaseConfig) -> str:
+    """What became of a gate-passing candidate in a domain that releases by canary."""
+    parts = []
+    if release.challenger_share > 0:
+        parts.append(f"released to {release.challenger_share * 100:g}% of users by canary")
+    if release.shadow:
+        parts.append("answering in shadow (recorded, never shown)")
+    return " and ".join(parts) + ": the live watch promotes or retires it"
 
 
 def in_order(steps: dict[str, Any]) -> dict[str, Any]:
@@ -381,6 +396,10 @@ class _Cycle:
         version = self.candidate()
         if not gate.get("is_promotable"):
             return {"promoted": False, "version": version, "reasons": gate.get("reasons", [])}
+        release = release_config(self.domain)
+        if release.is_canary:
+            return {"promoted": False, "version": version, "challenger": True,
+                    "reasons": [_canary(release)]}  # fmt: skip
         if not self.config.auto_promote:
             return {"promoted": False, "version": version, "reasons": ["auto_promote is off"]}
         with unit_of_work(self.sessions) as session:

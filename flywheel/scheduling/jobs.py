@@ -18,6 +18,9 @@ Queues: `gpu` carries cycles (training), `cpu` the scheduler's housekeeping. Tas
 - `flywheel.prune_jobs` (cpu, daily): finished housekeeping jobs older than a week go.
 - `flywheel.deliver_webhooks` (cpu, every minute): the champion moves' webhooks that are due
   (`flywheel.registry.webhooks`: retries, and the moves of cycles run on workers).
+- `flywheel.watch` (cpu, every 15 minutes): the live watch of each domain with a `release`
+  config or `auto_rollback` (`flywheel.registry.canary.watch_domains`): a worse champion rolled
+  back, a canary's challenger promoted or retired; its moves' webhooks go with the next delivery.
 
 A cycle's job is deferred on the caller's own database connection, in its transaction: the
 queued run, its job and the run's `job_id` are committed together or not at all.
@@ -43,7 +46,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import make_engine, make_session_factory, unit_of_work, utcnow
 from flywheel.errors import Conflict, FlywheelError, InvalidState
-from flywheel.registry import webhooks
+from flywheel.registry import canary, webhooks
+from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import Run
 from flywheel.scheduling import schedule
 from flywheel.scheduling.cycle import CycleRequest, run_cycle
@@ -60,6 +64,7 @@ TICK_TASK = "flywheel.tick"
 RETRY_TASK = "flywheel.retry_stalled_jobs"
 PRUNE_TASK = "flywheel.prune_jobs"
 WEBHOOKS_TASK = "flywheel.deliver_webhooks"
+WATCH_TASK = "flywheel.watch"
 WEBHOOKS_BUDGET_S = 45.0  # within its minute: the next run does not queue behind it
 KEEP_FINISHED_JOBS_H = 7 * 24
 SILENCE_MARGIN_S = 0.1  # past the stale threshold, so that `claim_run` finds the run stale
@@ -141,6 +146,12 @@ def make_job_app(
         return webhooks.deliver_due(
             factory, budget_s=WEBHOOKS_BUDGET_S, settings=settings
         ).as_json()
+
+    @app.periodic(cron="*/15 * * * *", periodic_id="watch")
+    @app.task(name=WATCH_TASK, queue=CPU, queueing_lock=WATCH_TASK)
+    def watch_releases(timestamp: int) -> list[dict[str, Any]]:
+        registry = MlflowRegistry(settings.resolved_mlflow_tracking_uri)
+        return canary.watch_domains(factory, registry)
 
     return app
 
