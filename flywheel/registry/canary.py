@@ -42,6 +42,7 @@ from flywheel.registry.release import (
 )
 from flywheel.registry.service import current_champion, latest_champion_event, promote
 from flywheel.registry.watch import (
+    SEEN_BY_USERS,
     LiveRates,
     WatchResult,
     base_rates,
@@ -162,10 +163,9 @@ def watch_release(*, session: Session, registry: Registry, domain: Domain) -> Re
 def _went_live(session: Session, challenger: ModelVersion) -> datetime:
     """When the same period's traffic starts: the challenger's first interaction (else its
     registration), or the current champion's promotion when that came later."""
-    # TODO(issue 19): count only release_role != 'shadow' once the gateway's column is on
-    # Interaction (a shadow answer is not the canary reaching users).
     first = session.scalar(
         select(func.min(Interaction.created_at)).where(
+            SEEN_BY_USERS,  # a shadow answer is not the canary reaching users
             Interaction.domain_id == challenger.domain_id,
             Interaction.model_name == challenger.registered_model,
             Interaction.model_version == challenger.version,

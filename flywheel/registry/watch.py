@@ -19,7 +19,7 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import ColumnElement, Integer, case, func, select
+from sqlalchemy import ColumnElement, Integer, case, func, or_, select
 from sqlalchemy.orm import Session
 
 from flywheel.feedback.models import FeedbackEvent, Interaction
@@ -58,6 +58,10 @@ class WatchResult:
         return asdict(self)
 
 
+# Shadow answers were recorded but never shown: they are no user's experience of a version.
+SEEN_BY_USERS = or_(Interaction.release_role.is_(None), Interaction.release_role != "shadow")
+
+
 def live_rates(
     session: Session, version: ModelVersion, *, since: datetime | None = None
 ) -> LiveRates:
@@ -91,8 +95,7 @@ def _rates(
         (FeedbackEvent.value["stars"].as_integer() <= 2, 1),
         else_=0,
     )
-    # TODO(issue 19): leave out interactions with release_role 'shadow' (never seen by users,
-    # so never rated) once the gateway's `release_role` column is on Interaction.
+    served = served & SEEN_BY_USERS
     if since is not None:
         served = served & (Interaction.created_at >= since)
     ratings = session.execute(

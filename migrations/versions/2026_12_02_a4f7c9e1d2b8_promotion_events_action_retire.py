@@ -4,7 +4,7 @@ PostgreSQL replaces the check constraint in place; SQLite recreates the table (b
 A downgrade fails while retire events exist (the old check refuses them): nothing is deleted.
 
 Revision ID: a4f7c9e1d2b8
-Revises: 5b1e9c2d7a40
+Revises: c98875fc1eeb
 Create Date: 2026-12-02 12:00:00.000000
 """
 
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from alembic import op
 
 revision: str = "a4f7c9e1d2b8"
-down_revision: str | None = "5b1e9c2d7a40"
+down_revision: str | None = "c98875fc1eeb"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
