@@ -21,7 +21,8 @@ from openai import OpenAI
 from peft import LoraConfig, PeftModel, get_peft_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from finetune import serve, synthetic, tiny
+from finetune import synthetic, tiny
+from finetune.serve.protocol import add_response_parser, parse_tool_calls
 from tests.finetune.conftest import TRAINING
 
 pytestmark = TRAINING
@@ -388,15 +389,15 @@ def test_a_full_queue_answers_503_in_openais_shape(tool_url: str, tool_base: Pat
 
 def test_the_template_parser_and_the_fallback_read_the_same_call(tool_base: Path) -> None:
     qwen = AutoTokenizer.from_pretrained(tool_base)
-    serve._add_response_parser(qwen)
+    add_response_parser(qwen)
     assert getattr(qwen, "response_template", None)  # TRL's parser for Qwen 3's template
     prefix = qwen.apply_chat_template([{"role": "user", "content": "Paris?"}], tools=TOOLS,
                                       tokenize=False, add_generation_prompt=True)  # fmt: skip
     plain = AutoTokenizer.from_pretrained(tool_base)
     plain.chat_template = tiny.CHAT_TEMPLATE  # a template TRL has no parser for
-    serve._add_response_parser(plain)
+    add_response_parser(plain)
     for tokenizer in (qwen, plain):
-        [call] = serve.parse_tool_calls(tokenizer, CALL, prefix=prefix, tools=TOOLS) or []
+        [call] = parse_tool_calls(tokenizer, CALL, prefix=prefix, tools=TOOLS) or []
         assert call["function"] == {"name": "get_weather", "arguments": '{"city": "Paris"}'}
-    assert serve.parse_tool_calls(plain, "no call here") is None
-    assert serve.parse_tool_calls(plain, "<tool_call>{broken</tool_call>") is None
+    assert parse_tool_calls(plain, "no call here") is None
+    assert parse_tool_calls(plain, "<tool_call>{broken</tool_call>") is None
