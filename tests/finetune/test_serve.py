@@ -197,6 +197,25 @@ def test_concurrent_requests_to_one_adapter_are_batched(
         assert content == reference(base, prompt, 10, adapters["a1"])[0]  # padding changes nothing
 
 
+def test_requests_for_several_adapters_at_once_each_get_their_own(
+    url: str, base: Path, adapters: dict[str, Path]
+) -> None:
+    before = metrics(url)
+    asked = [(name, prompt) for prompt in PROMPTS[:3] for name in (str(base), "a1", "a2")]
+
+    async def mixed() -> list[httpx.Response]:
+        async with httpx.AsyncClient(timeout=60) as session:
+            return await asyncio.gather(*(
+                session.post(f"{url}/v1/chat/completions", json={
+                    "model": name, "messages": [{"role": "user", "content": p}], "max_tokens": 8})
+                for name, p in asked))  # fmt: skip
+
+    for (name, prompt), answer in zip(asked, asyncio.run(mixed()), strict=True):
+        content = answer.json()["choices"][0]["message"]["content"]
+        assert content == reference(base, prompt, 8, adapters.get(name))[0]
+    assert metrics(url)["batches"] - before["batches"] >= 3  # one adapter per batch
+
+
 def test_a_stream_is_the_answer_in_pieces_then_usage_and_done(url: str, base: Path) -> None:
     whole = chat(url, "a2", PROMPTS[2], max_tokens=16).json()
     body = {"model": "a2", "messages": [{"role": "user", "content": PROMPTS[2]}], "max_tokens": 16,
@@ -304,6 +323,16 @@ def test_a_client_that_leaves_mid_stream_is_dropped_and_the_server_keeps_serving
     assert after["completion_tokens"] - before.get("completion_tokens", 0) < 200
     assert after["queued"] == 0
     assert chat(url, "a1", PROMPTS[6], max_tokens=3).json()["usage"]["completion_tokens"] == 3
+
+
+def test_unloading_every_adapter_leaves_the_base_as_it_was(url: str, base: Path) -> None:
+    """The module's last test on this server: the peft wrapper goes with the last adapter."""
+    for name in ("a1", "a2"):
+        unload = httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name})
+        assert unload.status_code == 200
+    assert [model["id"] for model in httpx.get(f"{url}/v1/models").json()["data"]] == [str(base)]
+    answer = chat(url, str(base), PROMPTS[7], max_tokens=12).json()
+    assert answer["choices"][0]["message"]["content"] == reference(base, PROMPTS[7], 12)[0]
 
 
 # --- a real chat template with tools: a tiny Qwen 3 -------------------------------------------
