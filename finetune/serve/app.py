@@ -157,7 +157,7 @@ async def stream(server: Server, body: ChatRequest, job: Job) -> AsyncIterator[s
 
 def create_app(server: Server) -> FastAPI:
     app = FastAPI(title="flywheel-serve", docs_url=None, redoc_url=None, openapi_url=None)
-    app.add_exception_handler(ApiError, lambda _r, e: e.response())  # type: ignore[arg-type, return-value]
+    app.add_exception_handler(ApiError, _api_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _http_error)  # type: ignore[arg-type]
 
@@ -225,12 +225,15 @@ def _load(server: Server, body: LoadLoraRequest) -> None:
         raise bad_request(f"cannot load the adapter: {error}", "lora_path") from error
 
 
+async def _api_error(_request: Any, error: ApiError) -> JSONResponse:
+    return error.response()
+
+
 async def _validation_error(_request: Any, error: RequestValidationError) -> JSONResponse:
     first = error.errors()[0] if error.errors() else {}
-    where = ".".join(str(part) for part in first.get("loc", ())[1:] if isinstance(part, str))
-    where = where or None
-    message = f"{where or 'body'}: {first.get('msg', 'invalid request')}"
-    return bad_request(message, where).response()
+    path = ".".join(str(part) for part in first.get("loc", ())[1:] if isinstance(part, str))
+    message = f"{path or 'body'}: {first.get('msg', 'invalid request')}"
+    return bad_request(message, path or None).response()
 
 
 async def _http_error(_request: Any, error: StarletteHTTPException) -> JSONResponse:

@@ -168,7 +168,7 @@ class Engine:
     def _adapter(self, name: str | None) -> AbstractContextManager[Any]:
         if name is None:
             if isinstance(self.model, PeftModel):
-                return self.model.disable_adapter()  # type: ignore[no-any-return]
+                return self.model.disable_adapter()
             return nullcontext()
         if name not in self.adapters:
             raise KeyError(f"The model `{name}` does not exist.")
@@ -219,11 +219,11 @@ class Engine:
 def _with_sampling(config: GenerationConfig, sampling: Sampling) -> GenerationConfig:
     if sampling.ignore_eos:
         config.eos_token_id = []  # None would fall back to the model's
-    if sampling.temperature == 0:
-        config.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-    else:
-        config.update(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p,
-                      top_k=0)  # fmt: skip
+    greedy = sampling.temperature == 0
+    config.do_sample = not greedy
+    config.temperature = None if greedy else sampling.temperature
+    config.top_p = None if greedy else sampling.top_p
+    config.top_k = None if greedy else 0  # OpenAI's API has no top-k
     return config
 
 
@@ -283,7 +283,8 @@ def load_engine(base: Path, device: str, dtype: str) -> Engine:
         dtype = "bfloat16" if bf16 else "float32"
     tokenizer = AutoTokenizer.from_pretrained(base)
     tokenizer.padding_side = "left"
-    model = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype)).to(where)
+    model: Any = AutoModelForCausalLM.from_pretrained(base, dtype=getattr(torch, dtype))
+    model.to(where)
     model.eval()
     if tokenizer.chat_template is None:
         raise SystemExit(f"the tokenizer in {base} has no chat template")
