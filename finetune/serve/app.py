@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -102,13 +102,37 @@ async def _events(job: Job) -> AsyncIterator[tuple[str, Any]]:
             return
 
 
-async def complete(server: Server, body: ChatRequest, job: Job) -> dict[str, Any]:
-    try:
+async def _answer(job: Job, request: Request) -> Finished | None:
+    """The finished answer, or None when the client left first (looked at 4 times a second)."""
+
+    async def done() -> Finished:
         async for kind, payload in _events(job):
             if kind == "done":
-                done: Finished = payload
+                return payload  # type: ignore[no-any-return]
+        raise AssertionError("no answer")
+
+    waiter = asyncio.ensure_future(done())
+    try:
+        while True:
+            finished, _ = await asyncio.wait({waiter}, timeout=0.25)
+            if finished:
+                return waiter.result()
+            if await request.is_disconnected():
+                return None
     finally:
-        server.scheduler.cancel(job)  # a no-op once finished; frees the row if we were cancelled
+        waiter.cancel()
+
+
+async def complete(
+    server: Server, body: ChatRequest, job: Job, request: Request
+) -> dict[str, Any] | JSONResponse:
+    try:
+        done = await _answer(job, request)
+    finally:
+        server.scheduler.cancel(job)  # a no-op once finished; frees the row if the client left
+    if done is None:  # nobody reads this
+        return ApiError(499, "the client closed the request", type_="client_closed",
+                        code="client_closed").response()  # fmt: skip
     message, reason = server.message(body, job, done)
     return {
         "id": f"chatcmpl-{uuid.uuid4().hex}", "object": "chat.completion",
@@ -172,11 +196,13 @@ def create_app(server: Server) -> FastAPI:
         return {"object": "list", "data": cards}
 
     @app.post("/v1/chat/completions", response_model=None)
-    async def chat(body: ChatRequest) -> dict[str, Any] | StreamingResponse:
+    async def chat(
+        body: ChatRequest, request: Request
+    ) -> dict[str, Any] | JSONResponse | StreamingResponse:
         job = server.job(body)
         if body.stream:
             return StreamingResponse(stream(server, body, job), media_type="text/event-stream")
-        return await complete(server, body, job)
+        return await complete(server, body, job, request)
 
     @app.post("/v1/load_lora_adapter")
     async def load(body: LoadLoraRequest) -> PlainTextResponse:
@@ -287,5 +313,7 @@ def main(argv: Sequence[str] | None = None) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.bind((args.host, args.port))
     port = sock.getsockname()[1]
-    config = uvicorn.Config(create_app(server), log_level="warning", access_log=False)
+    config = uvicorn.Config(
+        create_app(server), log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
     _ReadyServer(config, READY_LINE.format(host=args.host, port=port)).run(sockets=[sock])

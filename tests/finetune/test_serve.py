@@ -78,7 +78,7 @@ def base(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny Llama pretrained for a second on the synthetic texts: it writes digits and stops."""
     directory = tmp_path_factory.mktemp("serve-base")
     tokenizer = tiny.build_tokenizer(synthetic.tokenizer_texts(), vocab_size=300)
-    model = tiny.build_model(tokenizer, hidden_size=32, num_layers=1)
+    model = tiny.build_model(tokenizer, hidden_size=32, num_layers=1, max_position_embeddings=2048)
     texts = synthetic.pretraining_texts(tokenizer)
     tiny.pretrain(model, tokenizer, texts, steps=150, batch_size=16, learning_rate=1e-2)
     tiny.save_base(directory, model, tokenizer)
@@ -130,9 +130,9 @@ def reference(
     return str(tokenizer.decode(new, skip_special_tokens=True)), "length", count
 
 
-def chat(url: str, model: str, prompt: str, **fields: Any) -> httpx.Response:
+def chat(url: str, model: str, prompt: str, timeout: float = 60, **fields: Any) -> httpx.Response:
     body = {"model": model, "messages": [{"role": "user", "content": prompt}], **fields}
-    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=60)
+    return httpx.post(f"{url}/v1/chat/completions", json=body, timeout=timeout)
 
 
 def metrics(url: str) -> dict[str, Any]:
@@ -323,6 +323,18 @@ def test_a_client_that_leaves_mid_stream_is_dropped_and_the_server_keeps_serving
     assert after["completion_tokens"] - before.get("completion_tokens", 0) < 200
     assert after["queued"] == 0
     assert chat(url, "a1", PROMPTS[6], max_tokens=3).json()["usage"]["completion_tokens"] == 3
+
+
+def test_a_client_that_gives_up_on_an_answer_is_dropped_from_its_batch(url: str) -> None:
+    before = metrics(url)
+    with pytest.raises(httpx.ReadTimeout):
+        chat(url, "a2", PROMPTS[6], max_tokens=1500, ignore_eos=True, timeout=1.0)
+    deadline = time.monotonic() + 10
+    while metrics(url).get("dropped", 0) <= before.get("dropped", 0):
+        assert time.monotonic() < deadline, metrics(url)
+        time.sleep(0.05)
+    assert metrics(url)["completion_tokens"] - before.get("completion_tokens", 0) < 1500
+    assert chat(url, "a2", PROMPTS[6], max_tokens=3).json()["usage"]["completion_tokens"] == 3
 
 
 def test_unloading_every_adapter_leaves_the_base_as_it_was(url: str, base: Path) -> None:
