@@ -239,7 +239,7 @@ def deliver_due(
         report.errors.append("FLYWHEEL_WEBHOOK_SECRET is not set: nothing sent")
         return report
     secret = current.webhook_secret.get_secret_value()
-    deadline = time.monotonic() + budget_s
+    deadline = utcnow() + timedelta(seconds=budget_s)
     owned = client or httpx.Client(timeout=current.webhook_timeout_s, follow_redirects=False)
     try:
         claim_s = CLAIM_S + current.webhook_timeout_s
@@ -252,10 +252,12 @@ def deliver_due(
 
 
 def _next_due(
-    sessions: sessionmaker[Session], scope: Scope, deadline: float, claim_s: float
+    sessions: sessionmaker[Session], scope: Scope, deadline: datetime, claim_s: float
 ) -> WebhookDelivery | None:
-    """A due row claimed by this sender (waiting for one that falls due before `deadline`);
-    None when none is due in time."""
+    """A due row claimed by this sender (waiting for one that falls due by `deadline`); None
+    when none is due in time. A retry due after `deadline` is left for a later sender even
+    when this one gets to it late (on a loaded machine a budget of 0 once sent a retry whose
+    backoff had run out meanwhile)."""
     while True:
         with unit_of_work(sessions) as session:
             soonest = session.scalars(
@@ -266,12 +268,17 @@ def _next_due(
             ).first()
             if soonest is None or soonest.next_attempt_at is None:
                 return None
-            wait = (soonest.next_attempt_at - utcnow()).total_seconds()
+            if _aware(soonest.next_attempt_at) > deadline:
+                return None
+            wait = (_aware(soonest.next_attempt_at) - utcnow()).total_seconds()
             if wait <= 0 and _claim(session, soonest, claim_s):
                 return soonest
-        if time.monotonic() + max(wait, 0) > deadline:
-            return None
         time.sleep(max(wait, 0))
+
+
+def _aware(moment: datetime) -> datetime:
+    """SQLite hands timestamps back naive (in UTC), PostgreSQL aware."""
+    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _claim(session: Session, row: WebhookDelivery, claim_s: float) -> bool:

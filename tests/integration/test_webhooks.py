@@ -392,6 +392,28 @@ def test_the_workers_periodic_task_delivers_what_is_due(
     assert [item.is_signed for item in receiver.received] == [True, True]
 
 
+def test_a_sender_without_budget_leaves_a_retry_that_fell_due_meanwhile(
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    tracking_uri: str,
+    tmp_path: Path,
+    receiver: Receiver,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A budget of 0 sends what was due when the sender started, once: a retry whose backoff
+    ran out during the call (at once here, backoff 0; on a loaded machine a short one did) is
+    left for a later sender, not sent in the same breath."""
+    register(on_test_database, MlflowRegistry(tracking_uri), acme, tmp_path, "a", PASSED)
+    configure(monkeypatch, receiver.url, backoff="0", send_budget_s="0")
+    receiver.codes = [503]
+
+    assert run_cli(capsys, "models", "promote", "--domain", "billing", "--to", "1")[0] == 0
+
+    assert [row.status for row in deliveries(on_test_database)] == ["pending"]
+    assert len(receiver.received) == 1
+
+
 def test_an_automatic_rollback_by_the_watch_is_announced(
     on_test_database: sessionmaker[Session],
     acme: Caller,
