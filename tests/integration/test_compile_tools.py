@@ -148,6 +148,7 @@ def test_same_calls_with_other_tools_are_other_items(
 
     with sessions() as session:
         rows = session.scalars(select(LabeledCompletion)).all()
+
     def key(tools: Any) -> bytes:
         return orjson.dumps(tools, option=orjson.OPT_SORT_KEYS)
 
