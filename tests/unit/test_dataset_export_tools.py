@@ -243,7 +243,7 @@ def test_a_pair_whose_calls_are_the_same_is_refused(tmp_path: Path) -> None:
 def test_a_malformed_completion_call_is_refused(tmp_path: Path) -> None:
     bad = {**FIX, "function": {"name": "lookup_invoice", "arguments": "[]"}}
     streams = ItemStreams(sft=[sft("s9", completion="", completion_tool_calls=[bad])])
-    with pytest.raises(InvalidInput, match="item s9: tool call 0.s arguments must be"):
+    with pytest.raises(InvalidInput, match=r"item s9: tool call 0's arguments must be"):
         export(tmp_path, "openai", train=streams)
 
 
