@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import re
 import uuid
+from pathlib import Path
 from typing import Any
 
 import orjson
 import pytest
+from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
+from flywheel.datasets.reader import export_dataset_version
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work
-from flywheel.models import Interaction, LabeledCompletion, PreferencePair, SftExample
+from flywheel.models import Domain, Interaction, LabeledCompletion, PreferencePair, SftExample
+from flywheel.signals.compile import compile_feedback
 from flywheel.signals.compile.rules import edit_precision
 from flywheel.signals.content import content_sha256
 from tests.conftest import Caller
@@ -191,3 +196,55 @@ def test_plain_text_items_keep_their_content_hashes(
         "label", [{"role": "user", "content": "What is the card fee?"}], "The fee is 5%.", True
     )
     assert (label.tools, label.completion_tool_calls) == (None, None)
+
+
+def test_a_tool_call_corrected_through_the_api_exports_for_trl_and_openai(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], tmp_path: Path
+) -> None:
+    """End to end: POST an interaction whose response called a tool and a correction of its
+    arguments; compile; build a version; export it in both formats."""
+    body = {"domain": "billing", "messages": MESSAGES, "tools": TOOLS, "response_tool_calls": WRONG}
+    created = client.post("/v1/interactions", json=body, headers=acme.headers)
+    assert created.status_code == 201, created.text
+    correction = {
+        "interaction_id": created.json()["id"],
+        "kind": "correction",
+        "value": {"tool_calls": RIGHT},
+        "rater": "u1",
+    }
+    assert client.post("/v1/feedback", json=correction, headers=acme.headers).status_code == 201
+    compile_feedback(sessions, tenant_id=acme.tenant_id)
+    with unit_of_work(sessions) as session:
+        domain_id = session.scalars(select(Domain.id).where(Domain.tenant_id == acme.tenant_id))
+        version = build_dataset_version(
+            session=session,
+            tenant_id=acme.tenant_id,
+            domain_id=domain_id.one(),
+            recipe=DatasetRecipe(eval_fraction=0.0, replay_fraction=0.0),
+        ).version
+        export_dataset_version(session, version, "billing", tmp_path / "trl", "trl")
+        export_dataset_version(session, version, "billing", tmp_path / "openai", "openai")
+
+    def rows(path: Path) -> list[dict[str, Any]]:
+        return [orjson.loads(line) for line in path.read_text().splitlines()]
+
+    right = [
+        {
+            **RIGHT[0],
+            "function": {"name": "refund", "arguments": {"invoice": "INV-7", "amount": 40}},
+        }
+    ]
+    (sft_row,) = rows(tmp_path / "trl/train/sft.jsonl")
+    assert sft_row["messages"] == [*MESSAGES, {"role": "assistant", "tool_calls": right}]
+    assert sft_row["tools"] == TOOLS
+    (dpo,) = rows(tmp_path / "trl/train/dpo.jsonl")
+    assert dpo["chosen"] == [{"role": "assistant", "tool_calls": right}]
+    assert dpo["rejected"][0]["tool_calls"][0]["function"]["arguments"]["amount"] == 400
+    (chat,) = rows(tmp_path / "openai/train/chat.jsonl")
+    assert chat == {
+        "messages": [*MESSAGES, {"role": "assistant", "tool_calls": RIGHT}],
+        "tools": TOOLS,
+    }
+    (preference,) = rows(tmp_path / "openai/train/preference.jsonl")
+    assert preference["input"] == {"messages": MESSAGES, "tools": TOOLS}
+    assert preference["non_preferred_output"] == [{"role": "assistant", "tool_calls": WRONG}]
