@@ -160,6 +160,15 @@ class PreferencePairRead(BaseModel):
     rejected: str
     why: str
     weight: float
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="The conversation's tools, when it offered any."
+    )
+    chosen_tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, description="The chosen completion's tool calls (`chosen` its text)."
+    )
+    rejected_tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, description="The rejected completion's tool calls (`rejected` its text)."
+    )
     source_kind: str
     source_ref: str | None
     group_key: str

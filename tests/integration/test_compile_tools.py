@@ -245,6 +245,10 @@ def test_a_tool_call_corrected_through_the_api_exports_for_trl_and_openai(
         "messages": [*MESSAGES, {"role": "assistant", "tool_calls": RIGHT}],
         "tools": TOOLS,
     }
+    listed = client.get("/v1/preference-pairs?domain=billing", headers=acme.headers).json()
+    (item,) = listed["items"]
+    assert (item["chosen_tool_calls"], item["rejected_tool_calls"]) == (RIGHT, WRONG)
+    assert (item["chosen"], item["tools"]) == ("", TOOLS)
     (preference,) = rows(tmp_path / "openai/train/preference.jsonl")
     assert preference["input"] == {"messages": MESSAGES, "tools": TOOLS}
     assert preference["non_preferred_output"] == [{"role": "assistant", "tool_calls": WRONG}]
