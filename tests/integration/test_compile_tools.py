@@ -18,7 +18,14 @@ from sqlalchemy.orm import Session, sessionmaker
 from flywheel.datasets.reader import export_dataset_version
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work
-from flywheel.models import Domain, Interaction, LabeledCompletion, PreferencePair, SftExample
+from flywheel.models import (
+    Domain,
+    FeedbackEvent,
+    Interaction,
+    LabeledCompletion,
+    PreferencePair,
+    SftExample,
+)
 from flywheel.signals.compile import compile_feedback
 from flywheel.signals.compile.rules import edit_precision
 from flywheel.signals.content import content_sha256
@@ -104,7 +111,11 @@ def test_a_correction_of_a_calls_arguments_is_a_pair_and_an_sft_example_of_the_f
     assert example.messages == MESSAGES
     # one character of the call's arguments changed: a precise edit, weighed as one
     assert 0.9 < pair.weight == example.weight < 1.0
-    assert example.content_sha256 != content_sha256("sft", MESSAGES, "")
+    # the hash of a text item plus its calls (name, parsed arguments; ids aside) and tools:
+    # the same on PostgreSQL and SQLite, whose encodings of the evidence differ
+    calls_and_tools = {"tool_calls": [["refund", {"amount": 40, "invoice": "INV-7"}]]}
+    calls_and_tools["tools"] = TOOLS  # type: ignore[assignment]
+    assert example.content_sha256 == content_sha256("sft", MESSAGES, "", calls_and_tools)
     assert (report.totals.pairs, report.totals.sft) == (1, 1)
     assert feedback.compile().totals.inserted == 0  # compiling again changes nothing
 
@@ -252,3 +263,32 @@ def test_a_tool_call_corrected_through_the_api_exports_for_trl_and_openai(
     (preference,) = rows(tmp_path / "openai/train/preference.jsonl")
     assert preference["input"] == {"messages": MESSAGES, "tools": TOOLS}
     assert preference["non_preferred_output"] == [{"role": "assistant", "tool_calls": WRONG}]
+
+
+def test_feedback_with_its_own_conversation_and_tools_keeps_the_tools(
+    feedback: ToolFeedback, sessions: sessionmaker[Session]
+) -> None:
+    event = FeedbackEvent(
+        tenant_id=feedback.tenant_id,
+        domain_id=feedback.domain_id,
+        kind="rating",
+        value={"thumbs": "down"},
+        messages=MESSAGES,
+        tools=TOOLS,
+        response="No refunds.",
+        rater="u1",
+        request_sha256="",
+    )
+    with unit_of_work(sessions) as session:
+        session.add(event)
+
+    feedback.compile()
+
+    with sessions() as session:
+        label = session.scalars(select(LabeledCompletion)).one()
+    assert (label.completion, label.tools, label.completion_tool_calls) == (
+        "No refunds.",
+        TOOLS,
+        None,
+    )
+    assert label.is_desirable is False
