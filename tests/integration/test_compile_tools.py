@@ -292,3 +292,14 @@ def test_feedback_with_its_own_conversation_and_tools_keeps_the_tools(
         None,
     )
     assert label.is_desirable is False
+
+
+def test_turns_decode_what_either_backend_encodes_and_texts_stay_texts() -> None:
+    from flywheel.signals.compile import turns
+
+    pg = '\x1e{"tools": null, "content": null, "tool_calls": [{"id": "c"}]}'  # jsonb's order
+    assert turns.decode(pg) == turns.Turn("", [{"id": "c"}], None)
+    assert turns.decode(turns.encode("hi", None, TOOLS)) == turns.Turn("hi", None, TOOLS)
+    assert turns.encode("plain", None, None) == "plain"
+    assert turns.decode("\x1e{not json") == turns.Turn("\x1e{not json", None, None)
+    assert turns.edit_text("a\x1fb") == "a\x1fb"  # a text's edit is measured on all of it

@@ -246,15 +246,16 @@ def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> C
 def completion(raw: str, scope: str, texts: Texts) -> CleanTurn:
     """A response as stored: redacted, normalised, hashed; a tool-calling (or tools-offered)
     one with its redacted calls and its tools (`turns`)."""
-    if not is_turn(raw):
-        found = texts(raw, scope)
+    turn = decode(raw) if is_turn(raw) else None
+    if turn is None or (turn.tool_calls is None and turn.tools is None):
+        found = texts(raw if turn is None else turn.content, scope)
         return CleanTurn(found.text, None, None, found.counts, found.normal, {}, found.typed)
 
     def redact(text: str) -> tuple[str, dict[str, int], str]:
         found = texts(text, scope)
         return found.text, found.counts, found.typed
 
-    return clean(decode(raw), redact)
+    return clean(turn, redact)
 
 
 def _extra(done: CleanTurn) -> list[dict[str, Any]]:

@@ -89,6 +89,8 @@ def key(raw: str, normal: Callable[[str], str]) -> str:
 
 def edit_text(response_key: str) -> str:
     """The part of a key an edit changes (a turn without the tools it was offered)."""
+    if not is_turn(response_key):
+        return response_key  # a text: all of it, whatever characters it holds
     return response_key.partition(TOOLS_MARK)[0]
 
 
