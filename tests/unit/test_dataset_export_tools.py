@@ -165,9 +165,9 @@ def test_trl_writes_a_tool_calling_completion_as_an_assistant_turn_with_calls(
     assert dpo["tools"] == TOOLS
 
 
-def test_trls_preference_tokenisation_renders_the_calls_and_tools(tmp_path: Path) -> None:
-    """DPOTrainer renders prompt + chosen (and + rejected) with the row's `tools`: the calls
-    and the tools reach the text a model is trained on."""
+def test_trls_chat_templating_renders_the_calls_and_tools(tmp_path: Path) -> None:
+    """DPOTrainer renders prompt + chosen (and + rejected), SFTTrainer the messages, with the
+    row's `tools`: the calls and the tools reach the text a model is trained on."""
     from trl.data_utils import is_conversational, maybe_apply_chat_template
 
     from tests.unit.test_dataset_export import build_tokenizer, load
@@ -187,6 +187,12 @@ def test_trls_preference_tokenisation_renders_the_calls_and_tools(tmp_path: Path
     assert rendered["prompt"].startswith("[tool lookup_invoice]")
     assert rendered["chosen"].endswith('<call lookup_invoice {"number": "INV-8"}>')
     assert rendered["rejected"].endswith('<call lookup_invoice {"number": "INV-7"}>')
+    (example,) = load(tmp_path, "train/sft.jsonl").to_list()  # SFTTrainer: messages + tools
+    text = maybe_apply_chat_template(
+        {"messages": example["messages"]}, tokenizer, tools=example["tools"]
+    )["text"]
+    assert text.startswith("[tool lookup_invoice]")
+    assert text.endswith('<|assistant|><call lookup_invoice {"number": "INV-8"}>')
 
 
 def openai_chat_problems(row: dict[str, Any]) -> list[str]:
