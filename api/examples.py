@@ -48,6 +48,14 @@ TOOL_CALLING = [
         "content": '[{"for": "2026-05", "amount": 20}, {"for": "2026-06", "amount": 20}]',
     },
 ]
+
+
+def _call(arguments: str) -> dict[str, Any]:
+    """A response's call of `list_charges` (OpenAI's `tool_calls` item)."""
+    function = {"name": "list_charges", "arguments": arguments}
+    return {"id": "call_2", "type": "function", "function": function}
+
+
 ABOUT_INTERACTION = {"interaction_id": "5f0c2f4e-8d7a-4c39-9b7e-1f2a3b4c5d6e", "kind": "rating"}
 
 FEEDBACK_EVENTS: dict[str, dict[str, Any]] = {
@@ -57,6 +65,11 @@ FEEDBACK_EVENTS: dict[str, dict[str, Any]] = {
         **ABOUT_INTERACTION,
         "kind": "correction",
         "value": {"text": "Both charges are for May: the second one will be refunded."},
+    },
+    "tool_call_correction": {
+        **ABOUT_INTERACTION,
+        "kind": "correction",
+        "value": {"tool_calls": [_call('{"month": "2026-05"}')]},
     },
     "outcome": {
         **ABOUT_INTERACTION,
@@ -90,6 +103,12 @@ INTERACTION = body_examples(
         "tools": TOOLS,
         "response": ANSWER,
         "model": {"name": "acme.billing", "version": "3"},
+    },
+    calling_a_tool={
+        "domain": "billing",
+        "messages": TOOL_CALLING[:2],
+        "tools": TOOLS,
+        "response_tool_calls": [_call('{"month": "2026-06"}')],
     },
 )
 FEEDBACK = body_examples(**FEEDBACK_EVENTS)

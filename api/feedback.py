@@ -73,7 +73,9 @@ Reader = Annotated[Principal, Depends(require(Scope.DATA_READ))]
     summary="Record an interaction",
     description=(
         "Store one model call: the conversation (`messages`, or a plain `prompt`; exactly one) "
-        "and the `response`, with the model that served it. Feedback can then refer to its "
+        "and the `response`, with the model that served it. A response that called tools "
+        "gives them as `response_tool_calls` (OpenAI's `tool_calls`; `response` is then its "
+        "text, and may be omitted or empty). Feedback can then refer to its "
         "`id`. With `Idempotency-Key`, a retry returns the first response (header "
         "`Idempotent-Replayed: true`); the same key with a different body is a 409. "
         "Scope `feedback:write`."
@@ -89,7 +91,8 @@ async def create_interaction(
         domain=body.domain,
         messages=service.conversation(body.messages, body.prompt),
         tools=as_json(body.tools),
-        response=body.response,
+        response=body.response or "",
+        response_tool_calls=as_json(body.response_tool_calls),
         model_name=body.model.name if body.model else None,
         model_version=body.model.version if body.model else None,
         adapter=body.model.adapter if body.model else None,
@@ -168,7 +171,9 @@ async def list_feedback(
         "tie). It is about a stored interaction (`interaction_id`), or carries its own "
         "conversation (`domain` with `messages` or `prompt`, and `response`; a comparison's "
         "responses are in its value): exactly one of the two. An `event_id` is unique per "
-        "tenant. `Idempotency-Key` replays the first response. Scope `feedback:write`."
+        "tenant. A correction of a response that called tools may give the calls it should "
+        'have made: `{"tool_calls": [...]}` instead of (or besides) `{"text": ...}`. '
+        "`Idempotency-Key` replays the first response. Scope `feedback:write`."
     ),
     openapi_extra={**examples.FEEDBACK, **IDEMPOTENT},
 )
@@ -246,6 +251,7 @@ def _interaction_json(
         messages=interaction.messages,
         tools=interaction.tools,
         response=interaction.response,
+        response_tool_calls=interaction.response_tool_calls,
         model=ModelRead(
             name=interaction.model_name,
             version=interaction.model_version,

@@ -30,6 +30,7 @@ from flywheel.feedback.values import (
     StrictModel,
     Text,
     Tools,
+    TurnToolCalls,
     check_clean_text,
 )
 
@@ -75,7 +76,15 @@ class InteractionCreate(StrictModel):
         default=None, description="The tools the request offered (OpenAI's function tools)."
     )
     prompt: Text | None = None
-    response: Text
+    response: Text | None = Field(
+        default=None,
+        description="The response's text; may be omitted (or empty) when it called tools.",
+    )
+    response_tool_calls: TurnToolCalls | None = Field(
+        default=None,
+        description="The response's tool calls (OpenAI's assistant `tool_calls`; `arguments` "
+        "a JSON object as a string), when it called tools.",
+    )
     model: ModelRef | None = None
     session_id: Name | None = None
     metadata: Metadata = Field(default_factory=dict)
@@ -84,6 +93,8 @@ class InteractionCreate(StrictModel):
     def _one_prompt(self) -> Self:
         if (self.messages is None) == (self.prompt is None):
             raise ValueError("give exactly one of 'messages' or 'prompt'")
+        if self.response is None and self.response_tool_calls is None:
+            raise ValueError("give 'response' (its text), 'response_tool_calls', or both")
         return self
 
 
@@ -130,6 +141,7 @@ class InteractionRead(BaseModel):
     messages: list[dict[str, Any]]
     tools: list[dict[str, Any]] | None
     response: str
+    response_tool_calls: list[dict[str, Any]] | None = None
     model: ModelRead
     session_id: str | None
     metadata: dict[str, Any]
@@ -148,6 +160,15 @@ class PreferencePairRead(BaseModel):
     rejected: str
     why: str
     weight: float
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="The conversation's tools, when it offered any."
+    )
+    chosen_tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, description="The chosen completion's tool calls (`chosen` its text)."
+    )
+    rejected_tool_calls: list[dict[str, Any]] | None = Field(
+        default=None, description="The rejected completion's tool calls (`rejected` its text)."
+    )
     source_kind: str
     source_ref: str | None
     group_key: str

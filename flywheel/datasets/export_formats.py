@@ -19,7 +19,10 @@
   (each call's `arguments` written as a JSON object, as TRL and transformers' chat templates
   take them), `tool` turns with their `tool_call_id`, names and text parts; a record that
   offered tools gets a `tools` column (OpenAI function tools; SFTTrainer passes it to the chat
-  template). Rows without tools have no such column.
+  template). Rows without tools have no such column. A completion that calls tools (an SFT
+  example's, a pair's chosen or rejected, a label's) is one assistant turn with `tool_calls`
+  (object arguments) and its text as `content` only when it has one: TRL's DPOTrainer and
+  KTO read the same `tools` column and render prompt + chosen/rejected through the template.
 
 `openai` (OpenAI fine-tuning JSONL; only the fields OpenAI accepts):
 
@@ -32,6 +35,8 @@
   read (reported as omitted). OpenAI's per-message `weight` is a 0/1 train mask, not a sample
   weight, so item weights are dropped. Tool calls stay as OpenAI sends them (`arguments` a
   JSON string), with the record's `tools`; a tool turn without its tool_call_id is refused.
+  A completion that calls tools is an assistant message with `tool_calls` (supervised rows:
+  the last message; preference rows: preferred/non_preferred_output).
   Use `train` for the training file and `eval` for validation.
 
 `jsonl` (Flywheel's own full records, every field, hidden tests in their own field):
@@ -89,7 +94,9 @@ class FileSpec:
 
 def trl_sft(record: SftRecord) -> Row:
     prompt = _trl_prompt(record.messages, record.item_id)
-    completion = assistant_turn(record.completion, "completion", record.item_id)
+    completion = _trl_turn(
+        record.completion, "completion", record.item_id, record.completion_tool_calls
+    )
     row = {
         "messages": prompt + completion,
         "weight": checked_weight(record.weight, record.item_id),
@@ -101,6 +108,11 @@ def _trl_prompt(messages: object, item_id: str) -> list[dict[str, Any]]:
     """The prompt as TRL's tool-calling format wants it: each call's arguments an object
     (transformers' chat templates render them), the rest as OpenAI writes it."""
     return [_object_arguments(message) for message in checked_prompt(messages, item_id)]
+
+
+def _trl_turn(text: object, what: str, item_id: str, calls: object) -> list[dict[str, Any]]:
+    """A completion as TRL's tool-calling format wants it (a call's arguments an object)."""
+    return [_object_arguments(turn) for turn in assistant_turn(text, what, item_id, calls)]
 
 
 def _object_arguments(message: dict[str, Any]) -> dict[str, Any]:
@@ -123,12 +135,13 @@ def _with_tools(row: Row, tools: object, item_id: str) -> Row:
 
 def trl_dpo(record: PairRecord) -> Row:
     item_id = record.item_id
-    if record.chosen == record.rejected:
+    chosen = (record.chosen, record.chosen_tool_calls)
+    if chosen == (record.rejected, record.rejected_tool_calls):
         raise refuse(item_id, "chosen and rejected are the same text; the pair teaches nothing")
     row = {
         "prompt": _trl_prompt(record.messages, item_id),
-        "chosen": assistant_turn(record.chosen, "chosen", item_id),
-        "rejected": assistant_turn(record.rejected, "rejected", item_id),
+        "chosen": _trl_turn(record.chosen, "chosen", item_id, record.chosen_tool_calls),
+        "rejected": _trl_turn(record.rejected, "rejected", item_id, record.rejected_tool_calls),
         "weight": checked_weight(record.weight, item_id),
     }
     return _with_tools(row, record.tools, item_id)
@@ -140,7 +153,9 @@ def trl_kto(record: LabelRecord) -> Row:
         raise refuse(item_id, f"is_desirable must be a bool, got {record.is_desirable!r}")
     row = {
         "prompt": _trl_prompt(record.messages, item_id),
-        "completion": assistant_turn(record.completion, "completion", item_id),
+        "completion": _trl_turn(
+            record.completion, "completion", item_id, record.completion_tool_calls
+        ),
         "label": record.is_desirable,
         "weight": checked_weight(record.weight, item_id),
     }
@@ -178,7 +193,9 @@ def _openai_prompt(messages: object, item_id: str) -> list[dict[str, Any]]:
 
 def openai_chat_sft(record: SftRecord) -> Row:
     prompt = _openai_prompt(record.messages, record.item_id)
-    completion = assistant_turn(record.completion, "completion", record.item_id)
+    completion = assistant_turn(
+        record.completion, "completion", record.item_id, record.completion_tool_calls
+    )
     return _with_tools({"messages": prompt + completion}, record.tools, record.item_id)
 
 
@@ -200,8 +217,12 @@ def openai_preference(record: PairRecord) -> Row:
     given = {"messages": _openai_prompt(record.messages, record.item_id)}
     return {
         "input": _with_tools(given, record.tools, record.item_id),
-        "preferred_output": assistant_turn(record.chosen, "chosen", record.item_id),
-        "non_preferred_output": assistant_turn(record.rejected, "rejected", record.item_id),
+        "preferred_output": assistant_turn(
+            record.chosen, "chosen", record.item_id, record.chosen_tool_calls
+        ),
+        "non_preferred_output": assistant_turn(
+            record.rejected, "rejected", record.item_id, record.rejected_tool_calls
+        ),
     }
 
 
@@ -216,7 +237,13 @@ def full_sft(record: SftRecord) -> Row:
         "messages": row["messages"][:-1],
         "completion": record.completion,
         "weight": row["weight"],
+        **_present(tools=row.get("tools"), completion_tool_calls=record.completion_tool_calls),
     }
+
+
+def _present(**fields: object) -> Row:
+    """The tool-calling fields a full record has (none for a text-only item, as before)."""
+    return {name: value for name, value in fields.items() if value is not None}
 
 
 def full_pair(record: PairRecord) -> Row:
@@ -229,6 +256,11 @@ def full_pair(record: PairRecord) -> Row:
         "rejected": record.rejected,
         "weight": row["weight"],
         "why": record.why,
+        **_present(
+            tools=row.get("tools"),
+            chosen_tool_calls=record.chosen_tool_calls,
+            rejected_tool_calls=record.rejected_tool_calls,
+        ),
     }
 
 
@@ -242,6 +274,7 @@ def full_label(record: LabelRecord) -> Row:
         "is_desirable": record.is_desirable,
         "weight": row["weight"],
         "why": record.why,
+        **_present(tools=row.get("tools"), completion_tool_calls=record.completion_tool_calls),
     }
 
 

@@ -20,6 +20,7 @@ from flywheel.errors import InvalidInput
 # assistant's tool_calls (content may then be null) or a tool message's tool_call_id.
 Message = Mapping[str, Any]
 Tools = Sequence[Mapping[str, Any]]  # OpenAI function tools: {"type": "function", "function"}
+ToolCalls = Sequence[Mapping[str, Any]]  # {"id", "type": "function", "function": {name, arguments}}
 MESSAGE_KEYS = frozenset({"role", "content", "name", "tool_calls", "tool_call_id"})
 Kind = Literal["sft", "pairs", "labels", "tasks"]
 KINDS: tuple[Kind, ...] = ("sft", "pairs", "labels", "tasks")
@@ -41,6 +42,9 @@ class SftRecord:
     group_key: str
     item_id: str
     tools: Tools | None = None  # the tools the conversation offered, if any
+    # the completion's tool calls (OpenAI's `tool_calls`), when it calls tools: `completion`
+    # is then its text, "" when it only calls tools
+    completion_tool_calls: ToolCalls | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +59,8 @@ class PairRecord:
     group_key: str
     item_id: str
     tools: Tools | None = None
+    chosen_tool_calls: ToolCalls | None = None
+    rejected_tool_calls: ToolCalls | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +75,7 @@ class LabelRecord:
     item_id: str
     why: str = ""
     tools: Tools | None = None
+    completion_tool_calls: ToolCalls | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +172,8 @@ def _checked_parts(parts: list[Any], what: str, item_id: str) -> None:
 
 
 def _checked_calls(calls: object, item_id: str) -> list[dict[str, Any]]:
+    if isinstance(calls, tuple):
+        calls = list(calls)
     if not isinstance(calls, list) or not calls:
         raise refuse(item_id, "tool_calls must be a non-empty list")
     return [_checked_call(call, index, item_id) for index, call in enumerate(calls)]
@@ -210,9 +219,18 @@ def _is_function_tool(tool: object) -> bool:
     )
 
 
-def assistant_turn(text: object, what: str, item_id: str) -> list[dict[str, str]]:
-    """A completion as TRL's and OpenAI's conversational formats want it: one assistant turn."""
-    return [{"role": "assistant", "content": checked_text(text, what, item_id)}]
+def assistant_turn(
+    text: object, what: str, item_id: str, tool_calls: object = None
+) -> list[dict[str, Any]]:
+    """A completion as TRL's and OpenAI's conversational formats want it: one assistant turn,
+    with its `tool_calls` when it calls tools (and then its text only when it has one)."""
+    if tool_calls is None:
+        return [{"role": "assistant", "content": checked_text(text, what, item_id)}]
+    if not isinstance(text, str):
+        raise refuse(item_id, f"{what} must be a string")
+    calls = _checked_calls(tool_calls, item_id)
+    said = {"content": text} if text.strip() else {}
+    return [{"role": "assistant", **said, "tool_calls": calls}]
 
 
 def check_task(task: TaskRecord) -> None:

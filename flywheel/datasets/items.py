@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Text, and_, null, or_, select
+from sqlalchemy import Text, and_, func, null, or_, select
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
@@ -109,8 +109,16 @@ def text_columns(model: Any) -> tuple[Any, ...]:
     if model is VerifiableTask:
         return (model.prompt,)
     if model is PreferencePair:
-        return (cast_(model.messages, Text), model.chosen, model.rejected)
-    return (cast_(model.messages, Text), model.completion)
+        return (
+            *(cast_(model.messages, Text), model.chosen, model.rejected),
+            *(_calls_text(model.chosen_tool_calls), _calls_text(model.rejected_tool_calls)),
+        )
+    return (cast_(model.messages, Text), model.completion, _calls_text(model.completion_tool_calls))
+
+
+def _calls_text(column: Any) -> Any:
+    """A completion's tool calls as JSON text ("" for none): what the model would write."""
+    return func.coalesce(cast_(column, Text), "")
 
 
 def _text_and_key(parts: list[Any]) -> tuple[str, str]:
@@ -124,7 +132,8 @@ def _text_and_key(parts: list[Any]) -> tuple[str, str]:
     prompt = "\n".join(
         str(message.get("content", "")) for message in messages if message.get("role") != "system"
     )
-    return "\n".join([prompt, *responses]), prompt_key(messages)
+    said = [response for response in responses if response]  # no calls: as it always was
+    return "\n".join([prompt, *said]), prompt_key(messages)
 
 
 def prompt_keys(session: Session, version_ids: Iterable[uuid.UUID], split: Split) -> set[str]:

@@ -157,18 +157,34 @@ def _members(
 
 def _sft(session: Session, version_id: uuid.UUID, split: str) -> Iterator[SftRecord]:
     model = SftExample
-    columns = (model.messages, model.completion, model.group_key, model.id)
+    columns = (
+        model.messages,
+        model.completion,
+        model.group_key,
+        model.id,
+        model.tools,
+        model.completion_tool_calls,
+    )
     query = _members(columns, DatasetMember.sft_example_id, model, version_id, split)
-    for messages, completion, group_key, item_id, weight in _rows(session, query):
-        yield SftRecord(messages, completion, weight, group_key, str(item_id))
+    for messages, completion, group_key, item_id, tools, calls, weight in _rows(session, query):
+        yield SftRecord(messages, completion, weight, group_key, str(item_id), tools, calls)
 
 
 def _pairs(session: Session, version_id: uuid.UUID, split: str) -> Iterator[PairRecord]:
     model = PreferencePair
-    columns = (model.messages, model.chosen, model.rejected, model.why, model.group_key, model.id)
+    columns = (
+        *(model.messages, model.chosen, model.rejected, model.why, model.group_key, model.id),
+        *(model.tools, model.chosen_tool_calls, model.rejected_tool_calls),
+    )
     query = _members(columns, DatasetMember.preference_pair_id, model, version_id, split)
-    for messages, chosen, rejected, why, group_key, item_id, weight in _rows(session, query):
-        yield PairRecord(messages, chosen, rejected, weight, why, group_key, str(item_id))
+    for row in _rows(session, query):
+        yield PairRecord(
+            *(row.messages, row.chosen, row.rejected, row.weight, row.why, row.group_key),
+            item_id=str(row.id),
+            tools=row.tools,
+            chosen_tool_calls=row.chosen_tool_calls,
+            rejected_tool_calls=row.rejected_tool_calls,
+        )
 
 
 def _labels(session: Session, version_id: uuid.UUID, split: str) -> Iterator[LabelRecord]:
@@ -180,13 +196,17 @@ def _labels(session: Session, version_id: uuid.UUID, split: str) -> Iterator[Lab
         model.why,
         model.group_key,
         model.id,
+        model.tools,
+        model.completion_tool_calls,
     )
     query = _members(columns, DatasetMember.labeled_completion_id, model, version_id, split)
-    for messages, completion, is_desirable, why, group_key, item_id, weight in _rows(
-        session, query
-    ):
+    for row in _rows(session, query):
         yield LabelRecord(
-            messages, completion, is_desirable, weight, group_key, str(item_id), why=why
+            *(row.messages, row.completion, row.is_desirable, row.weight, row.group_key),
+            item_id=str(row.id),
+            why=row.why,
+            tools=row.tools,
+            completion_tool_calls=row.completion_tool_calls,
         )
 
 

@@ -145,7 +145,21 @@ class ToolCall(StrictModel):
     function: FunctionCall
 
 
+def check_call_ids(calls: list[ToolCall]) -> list[ToolCall]:
+    """The calls of one turn have distinct ids (a tool message answers exactly one)."""
+    ids = [call.id for call in calls]
+    if len(set(ids)) != len(ids):
+        raise ValueError("tool call ids must be distinct within one turn")
+    return calls
+
+
 ToolCalls = Annotated[list[ToolCall], Field(min_length=1, max_length=MAX_TOOL_CALLS)]
+# A response's (or a correction's) tool calls: what an assistant turn calls, ids distinct.
+TurnToolCalls = Annotated[
+    list[ToolCall],
+    Field(min_length=1, max_length=MAX_TOOL_CALLS),
+    AfterValidator(check_call_ids),
+]
 Content = Text | Annotated[list[TextPart], Field(min_length=1, max_length=MAX_MESSAGES)]
 
 
@@ -250,13 +264,24 @@ class RatingValue(StrictModel):
 
 
 class CorrectionValue(StrictModel):
-    """The response as the user edited it."""
+    """The response as the user edited it: its `text`, or the `tool_calls` it should have
+    made (OpenAI's shape, arguments a JSON object as a string), or both."""
 
-    text: Annotated[
-        str,
-        StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS),
-        AfterValidator(check_clean_text),
-    ]
+    text: (
+        Annotated[
+            str,
+            StringConstraints(min_length=1, max_length=MAX_TEXT_CHARS),
+            AfterValidator(check_clean_text),
+        ]
+        | None
+    ) = None
+    tool_calls: TurnToolCalls | None = None
+
+    @model_validator(mode="after")
+    def _text_or_calls(self) -> Self:
+        if self.text is None and self.tool_calls is None:
+            raise ValueError("a correction needs 'text' or 'tool_calls' (or both)")
+        return self
 
 
 class ComparisonValue(StrictModel):

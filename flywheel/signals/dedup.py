@@ -353,9 +353,19 @@ class _SignalTable:
 # sees): two tasks a model cannot tell apart leak across a train/eval split whatever tests
 # they hide.
 _SIGNAL_TABLES = (
-    _SignalTable(SftExample.__tablename__, ("messages", "completion")),
-    _SignalTable(PreferencePair.__tablename__, ("messages", "chosen", "rejected")),
-    _SignalTable(LabeledCompletion.__tablename__, ("messages", "completion"), "is_desirable"),
+    # Tool calls and tools come last: a text-only item's fields (and signature) are as they were.
+    _SignalTable(
+        SftExample.__tablename__, ("messages", "completion", "completion_tool_calls", "tools")
+    ),
+    _SignalTable(
+        PreferencePair.__tablename__,
+        ("messages", "chosen", "rejected", "chosen_tool_calls", "rejected_tool_calls", "tools"),
+    ),
+    _SignalTable(
+        LabeledCompletion.__tablename__,
+        ("messages", "completion", "completion_tool_calls", "tools"),
+        "is_desirable",
+    ),
     _SignalTable(VerifiableTask.__tablename__, ("prompt",)),
 )
 
@@ -431,13 +441,30 @@ def _stored(session: Session, spec: _SignalTable, domain_id: uuid.UUID) -> list[
 
 
 def _field_text(value: object) -> str:
-    """A column's text: strings as they are, a message list as its contents, one per line."""
+    """A column's text: strings as they are, a message list as its contents, one per line
+    (with its tool calls' names and arguments), tool calls and tools as their names (and a
+    call's arguments)."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
-        contents = (message.get("content") for message in value if isinstance(message, dict))
-        return "\n".join(content for content in contents if isinstance(content, str))
+        return "\n".join(filter(None, (_entry_text(entry) for entry in value)))
     return ""
+
+
+def _entry_text(entry: object) -> str:
+    """A message, a tool call or a tool definition as text."""
+    if not isinstance(entry, dict):
+        return ""
+    function = entry.get("function")
+    if isinstance(function, dict):  # a tool call (name, arguments) or a tool (name)
+        parts = (function.get("name"), function.get("arguments"))
+        return " ".join(part for part in parts if isinstance(part, str))
+    content = entry.get("content")
+    lines = [content] if isinstance(content, str) else []
+    calls = entry.get("tool_calls")
+    if isinstance(calls, list):
+        lines.append(_field_text(calls))
+    return "\n".join(lines)
 
 
 def _signature_matrix(minhashes: Sequence[bytes]) -> Uint32s:

@@ -85,6 +85,10 @@ class SftExample(ProvenanceMixin, Base):
 
     messages: Mapped[list[Any]] = mapped_column(JsonType)
     completion: Mapped[str] = mapped_column(Text)
+    # The conversation's tools (OpenAI function tools), when it offered any; the completion's
+    # tool calls (OpenAI's `tool_calls`) when it calls tools, `completion` then its text.
+    tools: Mapped[list[Any] | None] = mapped_column(JsonType)
+    completion_tool_calls: Mapped[list[Any] | None] = mapped_column(JsonType)
 
 
 class PreferencePair(ProvenanceMixin, Base):
@@ -96,6 +100,9 @@ class PreferencePair(ProvenanceMixin, Base):
     chosen: Mapped[str] = mapped_column(Text)
     rejected: Mapped[str] = mapped_column(Text)
     why: Mapped[str] = mapped_column(String(255))
+    tools: Mapped[list[Any] | None] = mapped_column(JsonType)
+    chosen_tool_calls: Mapped[list[Any] | None] = mapped_column(JsonType)
+    rejected_tool_calls: Mapped[list[Any] | None] = mapped_column(JsonType)
 
 
 class LabeledCompletion(ProvenanceMixin, Base):
@@ -107,6 +114,8 @@ class LabeledCompletion(ProvenanceMixin, Base):
     completion: Mapped[str] = mapped_column(Text)
     is_desirable: Mapped[bool]
     why: Mapped[str] = mapped_column(String(255))
+    tools: Mapped[list[Any] | None] = mapped_column(JsonType)
+    completion_tool_calls: Mapped[list[Any] | None] = mapped_column(JsonType)
 
 
 class VerifiableTask(ProvenanceMixin, Base):

@@ -236,9 +236,115 @@ def test_requests_without_tools_keep_the_fingerprints_stored_before_tools_existe
     def before(item: Any) -> str:  # the encoding stored rows were fingerprinted with
         fields = dataclasses.asdict(item)
         del fields["tools"]
+        fields.pop("response_tool_calls", None)  # an interaction's, added later the same way
         return hashlib.sha256(orjson.dumps(fields, option=orjson.OPT_SORT_KEYS)).hexdigest()
 
     assert request_fingerprint(interaction) == before(interaction)
     assert request_fingerprint(event) == before(event)
     with_tools = dataclasses.replace(interaction, tools=TOOLS)
     assert request_fingerprint(with_tools) != request_fingerprint(interaction)
+
+
+REFUND_CALLS: list[dict[str, Any]] = [
+    {
+        "id": "call_2",
+        "type": "function",
+        "function": {"name": "refund", "arguments": '{"invoice": "INV-7", "amount": 40}'},
+    }
+]
+
+
+def test_a_response_that_called_tools_is_stored_and_read_back(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    payload = {k: v for k, v in INTERACTION.items() if k != "response"}
+    created = post(client, acme, {**payload, "response_tool_calls": REFUND_CALLS})
+
+    assert created.status_code == 201, created.text
+    with sessions() as session:
+        row = session.scalars(select(Interaction)).one()
+    assert (row.response, row.response_tool_calls) == ("", REFUND_CALLS)
+    read = client.get(f"/v1/interactions/{created.json()['id']}", headers=acme.headers).json()
+    assert (read["response"], read["response_tool_calls"], read["tools"]) == (
+        "",
+        REFUND_CALLS,
+        TOOLS,
+    )
+    text_only = post(client, acme, {"domain": "billing", "prompt": "hi", "response": "yo"})
+    read = client.get(f"/v1/interactions/{text_only.json()['id']}", headers=acme.headers)
+    assert read.json()["response_tool_calls"] is None
+
+
+def test_text_and_tool_calls_together_are_kept(client: TestClient, acme: Caller) -> None:
+    body = {**INTERACTION, "response": "Refunding.", "response_tool_calls": REFUND_CALLS}
+    created = post(client, acme, body)
+
+    assert created.status_code == 201, created.text
+    read = client.get(f"/v1/interactions/{created.json()['id']}", headers=acme.headers).json()
+    assert (read["response"], read["response_tool_calls"]) == ("Refunding.", REFUND_CALLS)
+
+
+@pytest.mark.parametrize(
+    "calls",
+    [
+        [],
+        [{**REFUND_CALLS[0], "function": {"name": "refund", "arguments": "not json"}}],
+        [{**REFUND_CALLS[0], "function": {"name": "refund", "arguments": "[1]"}}],
+        [{**REFUND_CALLS[0], "type": "retrieval"}],
+        [{"type": "function", "function": REFUND_CALLS[0]["function"]}],  # no id
+        REFUND_CALLS * 2,  # one id twice
+        "call refund",
+    ],
+)
+def test_malformed_response_tool_calls_are_422_and_store_nothing(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session], calls: Any
+) -> None:
+    response = post(client, acme, {**INTERACTION, "response_tool_calls": calls})
+
+    assert response.status_code == 422, response.text
+    assert response.json()["error"]["code"]
+    with sessions() as session:
+        assert session.scalars(select(Interaction)).all() == []
+
+
+def test_an_interaction_needs_a_response_or_tool_calls(client: TestClient, acme: Caller) -> None:
+    payload = {k: v for k, v in INTERACTION.items() if k != "response"}
+    assert post(client, acme, payload).status_code == 422
+
+
+def test_a_correction_may_give_the_tool_calls_the_response_should_have_made(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    created = post(client, acme, {**INTERACTION, "response_tool_calls": REFUND_CALLS})
+    fixed = copy.deepcopy(REFUND_CALLS)
+    fixed[0]["function"]["arguments"] = '{"invoice": "INV-7", "amount": 20}'
+    event = {
+        "kind": "correction",
+        "interaction_id": created.json()["id"],
+        "value": {"tool_calls": fixed},
+    }
+    response = client.post("/v1/feedback", json=event, headers=acme.headers)
+
+    assert response.status_code == 201, response.text
+    with sessions() as session:
+        assert session.scalars(select(FeedbackEvent.value)).one() == {"tool_calls": fixed}
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        {},
+        {"tool_calls": []},
+        {"tool_calls": [{**REFUND_CALLS[0], "function": {"name": "refund", "arguments": "{"}}]},
+        {"tool_calls": REFUND_CALLS, "text": ""},
+        {"tool_calls": REFUND_CALLS, "calls": 1},
+    ],
+)
+def test_a_malformed_tool_call_correction_is_422(
+    client: TestClient, acme: Caller, value: dict[str, Any]
+) -> None:
+    created = post(client, acme, INTERACTION)
+    event = {"kind": "correction", "interaction_id": created.json()["id"], "value": value}
+    response = client.post("/v1/feedback", json=event, headers=acme.headers)
+
+    assert response.status_code == 422, response.text

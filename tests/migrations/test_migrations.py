@@ -126,3 +126,48 @@ def test_feedback_events_refuse_updates_but_allow_deletes(
         assert stored.value == {"stars": 2}
         session.execute(text("DELETE FROM feedback_events"))
     assert count_rows(sessions, "feedback_events") == 0
+
+
+def test_signal_tool_call_columns_keep_existing_rows_as_text_items(empty_database: str) -> None:
+    """9c3f7a1e4b28 adds the tools and tool-call columns: an SFT example stored before it
+    reads back unchanged with NULL tools and calls, and survives the downgrade."""
+    migrate.upgrade(empty_database, "5b1e9c2d7a40")
+    engine = create_engine(empty_database, poolclass=pool.NullPool)
+    insert = text(
+        "INSERT INTO tenants (id, created_at, name) VALUES (:t, CURRENT_TIMESTAMP, 'acme');"
+    )
+    try:
+        with engine.begin() as connection:
+            ids = {"t": "00000000000000000000000000000001", "d": "00000000000000000000000000000002"}
+            if connection.dialect.name == "postgresql":
+                ids = {key: f"00000000-0000-0000-0000-{value[-12:]}" for key, value in ids.items()}
+            connection.execute(insert, ids)
+            connection.execute(
+                text(
+                    "INSERT INTO domains (id, created_at, tenant_id, name, config) "
+                    "VALUES (:d, CURRENT_TIMESTAMP, :t, 'billing', '{}')"
+                ),
+                ids,
+            )
+            connection.execute(
+                text(
+                    "INSERT INTO sft_examples (id, created_at, tenant_id, domain_id, source_kind,"
+                    " group_key, content_sha256, ingestor_version, redaction_report, weight,"
+                    " messages, completion) VALUES (:d, CURRENT_TIMESTAMP, :t, :d, 'api', 'g',"
+                    " 'h', 'v', '{}', 1.0, '[]', 'the answer')"
+                ),
+                ids,
+            )
+        migrate.upgrade(empty_database)
+        with engine.connect() as connection:
+            row = connection.execute(
+                text("SELECT completion, tools, completion_tool_calls FROM sft_examples")
+            ).one()
+        assert tuple(row) == ("the answer", None, None)
+        migrate.downgrade(empty_database, "5b1e9c2d7a40")
+        assert "tools" not in {c["name"] for c in inspect(engine).get_columns("sft_examples")}
+        with engine.connect() as connection:
+            found = connection.execute(text("SELECT completion FROM sft_examples")).scalar_one()
+        assert found == "the answer"
+    finally:
+        engine.dispose()

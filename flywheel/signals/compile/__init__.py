@@ -54,6 +54,17 @@ what redaction replaced make no pair. Content hashes are
 stored is left as that source wrote it. `minhash` and `duplicate_of_id` are left to the
 near-duplicate pass.
 
+Tool calling (`turns.py`). A response that called tools (`interactions.response_tool_calls`)
+or was given tools (`tools`) is told apart by its text, its calls (names and parsed arguments,
+call ids aside) and its tools; a correction `{"tool_calls": [...]}` (or text) of it gets the
+tools of what it corrects. Its items keep the calls (`completion_tool_calls`,
+`chosen_tool_calls`, `rejected_tool_calls`; the text column holds its text, "" when it only
+called tools) and the tools (`tools`), and their content hashes add both to a text item's
+parts (`content_sha256(kind, messages, text, {"tool_calls", "tools"})`), so two items that
+differ only in a call's arguments or in the tools are two items; an item with neither keeps
+the hash it always had. Redaction reaches every string inside the calls' arguments; an
+edit's precision is measured on the text and calls, not the tools. Comparisons stay text.
+
 Transactions: one per domain, holding an advisory lock so that compiles of a domain take
 turns; a failed compile writes nothing and is recorded as a failed ingest run.
 

@@ -33,6 +33,7 @@ from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
 from flywheel.feedback.models import FeedbackEvent, Interaction
+from flywheel.signals.compile.turns import encode, turn_sql
 
 SCORE, CORRECTION, COMPARISON, TIES = 0, 1, 2, 3
 MAX_REFS = 8  # event ids kept per aggregate for provenance; the count is in `raters`
@@ -53,6 +54,16 @@ QUARTERS = """
          ELSE (value ->> 'stars')::int - 1 END
 """
 MICROS = "(date_part('epoch', {0}) * 1000000)::int8"
+# A response as the evidence tells it apart: its text, or (with tool calls or tools) `turns`'s
+# encoding; a correction's fix gets the tools of what it corrects.
+OWN_RESPONSE = turn_sql("e.response", "NULL::jsonb", "e.tools")
+INTERACTION_RESPONSE = turn_sql("response", "response_tool_calls", "tools")
+FIXED = turn_sql(
+    "value ->> 'text'",
+    "value -> 'tool_calls'",
+    "CASE WHEN interaction_id IS NULL THEN tools "
+    "ELSE (SELECT i.tools FROM interactions i WHERE i.id = interaction_id) END",
+)
 
 # Keys are hashes (two 64-bit seeds where a collision would merge two things) or ids: hashing
 # and sorting jsonb values themselves is what made the first version of this query slow.
@@ -61,8 +72,9 @@ EVIDENCE_SQL = f"""
 WITH ev AS NOT MATERIALIZED (
     SELECT e.id, e.created_at, e.kind, e.value, e.rater, e.interaction_id,
            CASE WHEN e.interaction_id IS NULL THEN e.messages END AS messages,
-           CASE WHEN e.interaction_id IS NULL THEN e.response END AS response,
-           coalesce(e.rater, CASE WHEN e.kind = 'outcome' THEN '' ELSE e.id::text END) AS voter
+           CASE WHEN e.interaction_id IS NULL THEN {OWN_RESPONSE} END AS response,
+           coalesce(e.rater, CASE WHEN e.kind = 'outcome' THEN '' ELSE e.id::text END) AS voter,
+           CASE WHEN e.interaction_id IS NULL THEN e.tools END AS tools
     FROM feedback_events e
     WHERE e.tenant_id = %(tenant)s AND e.domain_id = %(domain)s {{touched_where}}
 ),
@@ -94,9 +106,10 @@ own_scored AS (
 ),
 corrected AS (
     SELECT DISTINCT ON (interaction_id, h0, h1, response, voter)
-           interaction_id, h0, h1, response, messages, value ->> 'text' AS fixed, created_at, id
+           interaction_id, h0, h1, response, messages, {FIXED} AS fixed, created_at, id
     FROM (SELECT ev.*, {H.format("messages")} FROM ev WHERE kind = 'correction')
-        AS c(id, created_at, kind, value, rater, interaction_id, messages, response, voter, h0, h1)
+        AS c(id, created_at, kind, value, rater, interaction_id, messages, response, voter, tools,
+             h0, h1)
     ORDER BY interaction_id, h0, h1, response, voter, created_at DESC, id DESC
 ),
 corrections AS (
@@ -113,8 +126,8 @@ compared AS MATERIALIZED (
                     (SELECT i.messages FROM interactions i WHERE i.id = ev.interaction_id))
                 FROM ev WHERE kind = 'comparison')
               AS c(id, created_at, kind, value, rater, interaction_id, messages, response, voter,
-                   prompt)) AS c(id, created_at, kind, value, rater, interaction_id, messages,
-                                 response, voter, prompt, h0, h1, r0, r1)
+                   tools, prompt)) AS c(id, created_at, kind, value, rater, interaction_id,
+                                        messages, response, voter, tools, prompt, h0, h1, r0, r1)
     ORDER BY h0, h1, r0, r1, voter, created_at DESC, id DESC
 ),
 comparisons AS (
@@ -142,7 +155,7 @@ FROM (SELECT * FROM scored UNION ALL SELECT * FROM own_scored
       UNION ALL SELECT * FROM corrections UNION ALL SELECT * FROM comparisons
       UNION ALL SELECT * FROM ties) x
 LEFT JOIN (SELECT id, jsonb_hash_extended(messages, 0) AS prompt_key, messages::text AS messages,
-                  response
+                  {INTERACTION_RESPONSE} AS response
            FROM interactions WHERE tenant_id = %(tenant)s AND domain_id = %(domain)s) i
     ON i.id = x.interaction_id
 WHERE x.interaction_id IS NULL OR i.id IS NOT NULL
@@ -275,7 +288,8 @@ class _Event:
     rater: str | None
     interaction_id: str | None
     prompt_json: str
-    response: str | None
+    response: str | None  # the evidence string (`turns`): its text, or its encoded turn
+    tools: list[Any] | None  # the tools of what it is about (a correction's fix gets them)
 
 
 def _micros(moment: datetime) -> int:
@@ -293,8 +307,11 @@ def _events(session: Session, scope: Scope) -> Iterator[_Event]:
             FeedbackEvent.interaction_id,
             FeedbackEvent.messages,
             FeedbackEvent.response,
+            FeedbackEvent.tools,
             Interaction.messages,
             Interaction.response,
+            Interaction.response_tool_calls,
+            Interaction.tools,
         )
         .outerjoin(Interaction, Interaction.id == FeedbackEvent.interaction_id)
         .where(
@@ -310,6 +327,7 @@ def _events(session: Session, scope: Scope) -> Iterator[_Event]:
         interaction_id,
         own,
         own_response,
+        own_tools,
         *of,
     ) in session.execute(query):
         prompt = event_prompt(kind, value, interaction_id, own, of[0])
@@ -321,8 +339,24 @@ def _events(session: Session, scope: Scope) -> Iterator[_Event]:
             rater=rater,
             interaction_id=None if interaction_id is None else str(interaction_id),
             prompt_json=prompt_json(prompt),
-            response=of[1] if interaction_id is not None else own_response,
+            **_response(interaction_id, own_response, own_tools, *of[1:]),
         )
+
+
+def _response(
+    interaction_id: uuid.UUID | None,
+    own_response: str | None,
+    own_tools: list[Any] | None,
+    response: str,
+    response_tool_calls: list[Any] | None,
+    tools: list[Any] | None,
+) -> dict[str, Any]:
+    """An event's response (OWN_RESPONSE or INTERACTION_RESPONSE, in Python) and tools."""
+    if interaction_id is not None:
+        return {"response": encode(response, response_tool_calls, tools), "tools": tools}
+    if own_response is None:
+        return {"response": None, "tools": own_tools}
+    return {"response": encode(own_response, None, own_tools), "tools": own_tools}
 
 
 def event_prompt(
@@ -476,7 +510,8 @@ def _correction_rows(events: list[_Event]) -> Iterator[Row]:
     )
     by_fix: dict[Any, list[_Event]] = defaultdict(list)
     for event in latest:
-        by_fix[_target(event), event.value["text"]].append(event)
+        fixed = encode(event.value.get("text"), event.value.get("tool_calls"), event.tools)
+        by_fix[_target(event), fixed].append(event)
     for (target, fixed), group in by_fix.items():
         newest = max(event.micros for event in group)
         refs = _refs(target, group)

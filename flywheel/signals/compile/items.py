@@ -26,6 +26,8 @@ from flywheel.redaction import Span, Surrogates, apply, find_spans
 from flywheel.redaction.keys import redaction_key
 from flywheel.signals.compile.evidence import COMPARISON, CORRECTION, SCORE, TIES, Row
 from flywheel.signals.compile.rules import PromptEvidence, Scores, Verdicts, Votes
+from flywheel.signals.compile.turns import CleanTurn, clean, decode, is_turn, json_or_none
+from flywheel.signals.compile.turns import key as turn_key
 from flywheel.signals.compile.writer import Writer
 from flywheel.signals.content import messages_digest, normalise_text
 from flywheel.signals.message_texts import map_texts
@@ -184,57 +186,91 @@ def _add_row(evidence: PromptEvidence, row: Row, texts: Texts) -> None:
 
 
 def _text_key(evidence: PromptEvidence, text: str, texts: Texts) -> str:
-    """Responses are told apart by their normalised raw text."""
-    key = texts.normal(text)
-    evidence.texts.setdefault(key, text)
-    return key
+    """Responses are told apart by their normalised raw text (a tool-calling one by its
+    normalised turn and tools: `turns.key`)."""
+    found = turn_key(text, texts.normal)
+    evidence.texts.setdefault(found, text)
+    return found
 
 
 def stage(prompt: Prompt, verdicts: Verdicts, writer: Writer, texts: Texts) -> Counter[str]:
     """Hash and stage the prompt's items; how many of each were staged."""
     staged: Counter[str] = Counter()
     messages = prompt.normal_json
+    scope = prompt.group_key
     for pair in verdicts.pairs:
-        chosen = texts(pair.chosen, prompt.group_key)
-        rejected = texts(pair.rejected, prompt.group_key)
+        chosen = completion(pair.chosen, scope, texts)
+        rejected = completion(pair.rejected, scope, texts)
         if chosen.typed == rejected.typed:
             continue  # the two differed only in what redaction removed
-        content_sha256 = messages_digest("pair", messages, chosen.normal, rejected.normal)
+        extra = [{"chosen": chosen.extra, "rejected": rejected.extra}] * bool(
+            chosen.extra or rejected.extra
+        )
+        content_sha256 = messages_digest("pair", messages, chosen.normal, rejected.normal, *extra)
         row: tuple[Any, ...] = (
             *_provenance(prompt, pair.refs, (chosen, rejected), pair.weight, content_sha256),
             prompt.messages_json,
             chosen.text,
             rejected.text,
             pair.why[:255],
+            json_or_none(chosen.tools or rejected.tools),
+            json_or_none(chosen.tool_calls),
+            json_or_none(rejected.tool_calls),
         )
         staged["pairs"] += writer.add("preference_pairs", row)
     for example in verdicts.sft:
-        completion = texts(example.completion, prompt.group_key)
-        content_sha256 = messages_digest("sft", messages, completion.normal)
+        done = completion(example.completion, scope, texts)
+        content_sha256 = messages_digest("sft", messages, done.normal, *_extra(done))
         row = (
-            *_provenance(prompt, example.refs, (completion,), example.weight, content_sha256),
+            *_provenance(prompt, example.refs, (done,), example.weight, content_sha256),
             prompt.messages_json,
-            completion.text,
+            done.text,
+            json_or_none(done.tools),
+            json_or_none(done.tool_calls),
         )
         staged["sft"] += writer.add("sft_examples", row)
     for label in verdicts.labels:
-        completion = texts(label.completion, prompt.group_key)
-        content_sha256 = messages_digest("label", messages, completion.normal, label.is_desirable)
+        done = completion(label.completion, scope, texts)
+        content_sha256 = messages_digest(
+            "label", messages, done.normal, label.is_desirable, *_extra(done)
+        )
         row = (
-            *_provenance(prompt, label.refs, (completion,), label.weight, content_sha256),
+            *_provenance(prompt, label.refs, (done,), label.weight, content_sha256),
             prompt.messages_json,
-            completion.text,
+            done.text,
             label.is_desirable,
             label.why[:255],
+            json_or_none(done.tools),
+            json_or_none(done.tool_calls),
         )
         staged["labels"] += writer.add("labeled_completions", row)
     return staged
 
 
+def completion(raw: str, scope: str, texts: Texts) -> CleanTurn:
+    """A response as stored: redacted, normalised, hashed; a tool-calling (or tools-offered)
+    one with its redacted calls and its tools (`turns`)."""
+    turn = decode(raw) if is_turn(raw) else None
+    if turn is None or (turn.tool_calls is None and turn.tools is None):
+        found = texts(raw if turn is None else turn.content, scope)
+        return CleanTurn(found.text, None, None, found.counts, found.normal, {}, found.typed)
+
+    def redact(text: str) -> tuple[str, dict[str, int], str]:
+        found = texts(text, scope)
+        return found.text, found.counts, found.typed
+
+    return clean(turn, redact)
+
+
+def _extra(done: CleanTurn) -> list[dict[str, Any]]:
+    """The content-hash part a tool-calling completion adds (none for a text one)."""
+    return [done.extra] if done.extra else []
+
+
 def _provenance(
     prompt: Prompt,
     refs: tuple[str, ...],
-    texts: tuple[Clean, ...],
+    texts: tuple[CleanTurn, ...],
     weight: float,
     content_sha256: str,
 ) -> tuple[str, str, str, str, float]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from flywheel.signals.compile.turns import edit_text
+
 HALF_LIFE_DAYS = 90.0
 US_PER_DAY = 86_400_000_000
 MAX_SCORED_RESPONSES = 32  # responses of one prompt paired by score: at most 496 pairs
@@ -216,7 +218,7 @@ def _vote_judgements(
         weight = agreement(votes.raters) * decay(newest - votes.newest_us)
         _side(sides, chosen, rejected).add(weight, {"comparison"}, votes.refs)
     for (original, fixed), votes in sorted(evidence.corrections.items()):
-        precision = edit_precision(original, fixed)
+        precision = edit_precision(edit_text(original), edit_text(fixed))
         weight = agreement(votes.raters) * precision * decay(newest - votes.newest_us)
         _side(sides, fixed, original).add(weight, {"correction"}, votes.refs)
 

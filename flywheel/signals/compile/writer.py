@@ -42,9 +42,17 @@ OWN_VERSIONS = COMPILER_VERSION.split("/")[0] + "/%"  # any version of this comp
 OWN_ROWS = f"t.source_kind = 'feedback' AND t.ingestor_version LIKE '{OWN_VERSIONS}'"
 STAGED_COMMON = ("source_ref", "group_key", "content_sha256", "redaction_report", "weight")
 STAGED: dict[str, tuple[str, ...]] = {
-    "preference_pairs": (*STAGED_COMMON, "messages", "chosen", "rejected", "why"),
-    "sft_examples": (*STAGED_COMMON, "messages", "completion"),
-    "labeled_completions": (*STAGED_COMMON, "messages", "completion", "is_desirable", "why"),
+    "preference_pairs": (
+        *STAGED_COMMON,
+        *("messages", "chosen", "rejected", "why"),
+        *("tools", "chosen_tool_calls", "rejected_tool_calls"),
+    ),
+    "sft_examples": (*STAGED_COMMON, "messages", "completion", "tools", "completion_tool_calls"),
+    "labeled_completions": (
+        *STAGED_COMMON,
+        *("messages", "completion", "is_desirable", "why"),
+        *("tools", "completion_tool_calls"),
+    ),
 }
 FLUSH_ROWS = 5_000
 MAX_PENDING_CHUNKS = 2  # chunks queued for the background writer before `add` waits
