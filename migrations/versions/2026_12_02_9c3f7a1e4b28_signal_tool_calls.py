@@ -8,7 +8,7 @@ text, empty when it only calls tools). Existing rows are text completions withou
 NULL is their value, so no row moves. Downgrade drops the columns.
 
 Revision ID: 9c3f7a1e4b28
-Revises: 5b1e9c2d7a40
+Revises: a4f7c9e1d2b8
 Create Date: 2026-12-02 15:00:00.000000
 """
 
@@ -19,7 +19,7 @@ from alembic import op
 from sqlalchemy.dialects import postgresql
 
 revision: str = "9c3f7a1e4b28"
-down_revision: str | None = "5b1e9c2d7a40"
+down_revision: str | None = "a4f7c9e1d2b8"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
