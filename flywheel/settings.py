@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -253,6 +254,37 @@ class Settings(BaseSettings):
         description="How long a refused address's 429 is held back (0.5-1.5 times this, at "
         "random): a client that retries in a loop then sends one request per connection per "
         "delay, not thousands per second.",
+    )
+
+    # The OpenAI-compatible gateway (`flywheel gateway`): where calls go and how models route.
+    gateway_backend: Literal["openai", "local"] = Field(
+        default="openai",
+        description="`openai`: an OpenAI-compatible server at FLYWHEEL_GATEWAY_UPSTREAM_URL "
+        "(vLLM, SGLang, LoRAX); `local`: `python -m finetune.serve`, started by the gateway.",
+    )
+    gateway_upstream_url: str | None = Field(
+        default=None,
+        description="The upstream's base URL, e.g. http://vllm.internal:8000/v1.",
+    )
+    gateway_upstream_key: SecretStr | None = Field(
+        default=None, description="Bearer key the upstream wants, if any."
+    )
+    gateway_base_model: str | None = Field(
+        default=None,
+        description="The upstream's name for the base model (a base call's `model`). Unset: "
+        "the first model the upstream lists.",
+    )
+    gateway_dynamic_lora: bool = Field(
+        default=True,
+        description="Download an adapter from the registry and load it into the upstream on "
+        "first use. Off: the upstream serves every adapter already, by its name "
+        "(<registered model>-v<version>).",
+    )
+    gateway_route_cache_ttl_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a process reuses a domain's champion, challenger and release "
+        "config without asking the database: a promotion is served within this.",
     )
 
 
