@@ -9,12 +9,24 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text, UniqueConstraint
+from sqlalchemy import (
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    String,
+    Text,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flywheel.db import Base, IdMixin, JsonType
 
 FEEDBACK_KINDS = ("rating", "correction", "comparison", "outcome")
+# Which release served a gateway call (NULL for interactions posted through the REST API).
+RELEASE_ROLES = ("champion", "challenger", "pinned", "base", "shadow")
+CALL_STATUSES = ("ok", "failed")
 
 
 class Interaction(IdMixin, Base):
@@ -24,6 +36,14 @@ class Interaction(IdMixin, Base):
     __table_args__ = (
         UniqueConstraint("tenant_id", "idempotency_key"),
         Index(None, "tenant_id", "domain_id", "created_at"),
+        CheckConstraint(
+            "release_role IN (" + ", ".join(f"'{role}'" for role in RELEASE_ROLES) + ")",
+            name="release_role",
+        ),
+        CheckConstraint(
+            "status IN (" + ", ".join(f"'{status}'" for status in CALL_STATUSES) + ")",
+            name="status",
+        ),
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
@@ -42,6 +62,17 @@ class Interaction(IdMixin, Base):
     metadata_: Mapped[dict[str, Any]] = mapped_column("metadata", JsonType, default=dict)
     idempotency_key: Mapped[str | None] = mapped_column(String(255))
     request_sha256: Mapped[str] = mapped_column(String(64))
+    # What the gateway knows of a call it served (flywheel.inference.recording); NULL for
+    # interactions posted through the REST API, whose `status` is 'ok'.
+    release_role: Mapped[str | None] = mapped_column(String(16))  # one of RELEASE_ROLES
+    end_user: Mapped[str | None] = mapped_column(String(255))
+    status: Mapped[str] = mapped_column(String(16), server_default="ok")
+    error: Mapped[str | None] = mapped_column(Text)
+    finish_reason: Mapped[str | None] = mapped_column(String(32))
+    prompt_tokens: Mapped[int | None] = mapped_column(Integer)
+    completion_tokens: Mapped[int | None] = mapped_column(Integer)
+    latency_ms: Mapped[float | None] = mapped_column(Float)
+    ttft_ms: Mapped[float | None] = mapped_column(Float)
 
 
 class FeedbackEvent(IdMixin, Base):
