@@ -190,18 +190,37 @@ def create_gateway_app(
 
 
 def make_backend(settings: Settings) -> ChatBackend:
-    """The configured upstream (`flywheel gateway` starts a local server itself and points
-    FLYWHEEL_GATEWAY_UPSTREAM_URL at it)."""
+    """The configured upstream (`flywheel gateway --backend local` starts the local server
+    itself and points FLYWHEEL_GATEWAY_UPSTREAM_URL at it)."""
     from flywheel.inference.upstream import OpenAIUpstream
 
-    if not settings.gateway_upstream_url:
+    url = settings.gateway_upstream_url
+    if not url:
         raise InvalidInput("set FLYWHEEL_GATEWAY_UPSTREAM_URL (the upstream's base URL)")
     key = settings.gateway_upstream_key
+    api_key = key.get_secret_value() if key is not None else None
     return OpenAIUpstream(
-        settings.gateway_upstream_url,
-        api_key=key.get_secret_value() if key is not None else None,
-        base_model=settings.gateway_base_model,
+        url,
+        base_model=settings.gateway_base_model or listed_base_model(url, api_key),
+        api_key=api_key,
+        timeout_s=settings.gateway_upstream_timeout_s,
+        dynamic_lora=settings.gateway_dynamic_lora,
     )
+
+
+def listed_base_model(url: str, api_key: str | None) -> str:
+    """The first model the upstream lists (vLLM lists its base model first)."""
+    import httpx
+
+    headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        response = httpx.get(url.rstrip("/") + "/models", headers=headers, timeout=10)
+        return str(response.raise_for_status().json()["data"][0]["id"])
+    except (httpx.HTTPError, ValueError, KeyError, IndexError, TypeError) as error:
+        raise InvalidInput(
+            f"the upstream at {url} did not list its models ({type(error).__name__}): "
+            "set FLYWHEEL_GATEWAY_BASE_MODEL"
+        ) from error
 
 
 class RecorderCollector(Collector):

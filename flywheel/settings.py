@@ -280,6 +280,12 @@ class Settings(BaseSettings):
         "first use. Off: the upstream serves every adapter already, by its name "
         "(<registered model>-v<version>).",
     )
+    gateway_upstream_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long the upstream may stay silent (before its answer, or between two "
+        "stream chunks) before the call fails with 504.",
+    )
     gateway_route_cache_ttl_s: float = Field(
         default=2.0,
         ge=0,

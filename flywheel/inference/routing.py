@@ -237,8 +237,10 @@ class Adapters:
 
     async def _prepare(self, version: ServedVersion) -> Adapter:
         name = version.adapter_name
-        if not self._is_dynamic:
-            return Adapter(name, self._root / name)
+        if not self._is_dynamic:  # the upstream serves it already: the backend checks it does
+            adapter = Adapter(name, self._root / name)
+            await self._backend.ensure_adapter(adapter)
+            return adapter
         try:
             path = await asyncio.to_thread(self._download, version)
         except Exception as error:  # any MLflow or file failure: the call cannot be served
