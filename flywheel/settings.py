@@ -168,6 +168,24 @@ class Settings(BaseSettings):
         "deliver` or the worker.",
     )
 
+    # The gateway's recording of served calls (flywheel.inference.recording).
+    gateway_spool_path: Path | None = Field(
+        default=None,
+        description="Append-only JSONL file where the gateway keeps the calls it could not "
+        "write while the database was down, replayed once it is back. "
+        "Unset: <FLYWHEEL_HOME>/gateway-spool.jsonl.",
+    )
+    gateway_spool_max_mb: float = Field(
+        default=256.0,
+        gt=0,
+        description="The spool's size cap; past it, calls are dropped (and counted in "
+        "flywheel_gateway_records_dropped) until a replay empties it.",
+    )
+
+    @property
+    def resolved_gateway_spool_path(self) -> Path:
+        return self.gateway_spool_path or self.home / "gateway-spool.jsonl"
+
     @property
     def webhook_url_list(self) -> list[str]:
         return [url.strip() for url in self.webhook_urls.split(",") if url.strip()]

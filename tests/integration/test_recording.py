@@ -1,0 +1,378 @@
+"""The gateway's recorder: calls land as interactions with every column, in few set-based
+transactions, redacted; a database that cannot be reached sends them to the spool, replayed
+exactly once when it is back; a full spool drops and counts; a crash mid-replay duplicates
+nothing; `aclose()` leaves nothing behind; a record never lands under another tenant.
+
+The recorder writes from worker threads in its own transactions, so every test commits. A
+database that is down is an engine pointed at a port nobody listens on (PostgreSQL) or a file
+in a directory that does not exist (SQLite): the machine's PostgreSQL is never stopped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import uuid
+from collections.abc import Callable, Coroutine, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import orjson
+import pytest
+from prometheus_client import CollectorRegistry, generate_latest
+from sqlalchemy import create_engine, event, select
+from sqlalchemy.engine import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.db import make_session_factory
+from flywheel.inference.recording import CallRecord, Recorder, recorder_collector
+from flywheel.models import Interaction
+from flywheel.settings import Settings
+from tests.conftest import Caller, count_rows
+
+pytestmark = pytest.mark.commits("the recorder writes from worker threads, in its own transactions")
+
+EMAIL = "jane.doe@example.com"
+TOKEN = "ghp_" + "a1B2c3D4e5F6g7H8i9J0k1L2m3N4o5P6q7R8"
+
+
+def run(scenario: Coroutine[Any, Any, Any]) -> Any:
+    return asyncio.run(scenario)
+
+
+def call(caller: Caller, domain_id: uuid.UUID, **changes: Any) -> CallRecord:
+    fields: dict[str, Any] = {
+        "interaction_id": uuid.uuid4(),
+        "tenant_id": caller.tenant_id,
+        "domain_id": domain_id,
+        "messages": [{"role": "user", "content": "What is my balance?"}],
+        "tools": None,
+        "response": "42 dollars.",
+        "response_tool_calls": None,
+        "model_name": "acme.billing",
+        "model_version": "3",
+        "adapter": "acme.billing-v3",
+        "release_role": "champion",
+        "end_user": "u-42",
+        "status": "ok",
+        "error": None,
+        "finish_reason": "stop",
+        "prompt_tokens": 12,
+        "completion_tokens": 3,
+        "latency_ms": 81.5,
+        "ttft_ms": 20.25,
+        "created_at": datetime(2026, 12, 1, 12, 0, tzinfo=UTC),
+    }
+    return CallRecord(**(fields | changes))
+
+
+def domain_id_of(sessions: sessionmaker[Session], caller: Caller) -> uuid.UUID:
+    from flywheel.models import Domain
+
+    with sessions() as session:
+        return session.scalars(select(Domain.id).where(Domain.tenant_id == caller.tenant_id)).one()
+
+
+@pytest.fixture
+def domain_id(sessions: sessionmaker[Session], acme: Caller) -> uuid.UUID:
+    return domain_id_of(sessions, acme)
+
+
+@pytest.fixture
+def recorder_settings(settings: Settings, tmp_path: Path) -> Settings:
+    return settings.model_copy(update={"gateway_spool_path": tmp_path / "spool.jsonl"})
+
+
+def rows(sessions: sessionmaker[Session]) -> list[Interaction]:
+    with sessions() as session:
+        return list(session.scalars(select(Interaction).order_by(Interaction.created_at)))
+
+
+class Switch:
+    """A session factory whose database can be swapped: down, then back."""
+
+    def __init__(self, target: Callable[[], Session]) -> None:
+        self.target = target
+
+    def __call__(self) -> Session:
+        return self.target()
+
+
+@pytest.fixture
+def down(engine: Engine, tmp_path: Path) -> Iterator[sessionmaker[Session]]:
+    """Sessions on a database nobody serves."""
+    if engine.dialect.name == "postgresql":
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        url = f"postgresql+psycopg://postgres@127.0.0.1:{port}/flywheel?connect_timeout=2"
+    else:
+        url = f"sqlite:///{tmp_path / 'missing' / 'directory' / 'flywheel.db'}"
+    unreachable = create_engine(url)
+    yield make_session_factory(unreachable)
+    unreachable.dispose()
+
+
+def test_a_call_lands_with_every_column(
+    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+) -> None:
+    tools = [{"type": "function", "function": {"name": "balance", "parameters": {}}}]
+    tool_calls = [
+        {"id": "c1", "type": "function", "function": {"name": "balance", "arguments": "{}"}}
+    ]
+    record = call(acme, domain_id, tools=tools, response="", response_tool_calls=tool_calls)
+    failed = call(
+        acme,
+        domain_id,
+        model_version=None,
+        adapter=None,
+        release_role="base",
+        status="failed",
+        error="upstream timed out",
+        finish_reason=None,
+        prompt_tokens=None,
+        completion_tokens=None,
+        ttft_ms=None,
+        created_at=datetime(2026, 12, 1, 12, 1, tzinfo=UTC),
+    )
+
+    async def scenario() -> dict[str, int]:
+        recorder = Recorder(sessions, recorder_settings)
+        await recorder.start()
+        recorder.submit(record)
+        recorder.submit(failed)
+        await recorder.flush()
+        await recorder.aclose()
+        return recorder.counters
+
+    counters = run(scenario())
+    assert counters["recorded"] == 2
+    assert counters["dropped"] == counters["spooled"] == counters["queue_depth"] == 0
+    served, broken = rows(sessions)
+    assert served.id == record.interaction_id
+    assert (served.tenant_id, served.domain_id) == (acme.tenant_id, domain_id)
+    assert served.messages == record.messages
+    assert served.tools == tools
+    assert (served.response, served.response_tool_calls) == ("", tool_calls)
+    assert (served.model_name, served.model_version, served.adapter) == (
+        "acme.billing",
+        "3",
+        "acme.billing-v3",
+    )
+    assert (served.release_role, served.end_user, served.status, served.error) == (
+        "champion",
+        "u-42",
+        "ok",
+        None,
+    )
+    assert (served.finish_reason, served.prompt_tokens, served.completion_tokens) == ("stop", 12, 3)
+    assert (served.latency_ms, served.ttft_ms) == (81.5, 20.25)
+    assert served.created_at == record.created_at
+    assert served.metadata_ == {"source": "gateway", "redaction": {"total": 0, "counts": {}}}
+    assert len(served.request_sha256) == 64
+    assert (broken.status, broken.error, broken.release_role) == (
+        "failed",
+        "upstream timed out",
+        "base",
+    )
+    assert (broken.model_version, broken.prompt_tokens, broken.ttft_ms) == (None, None, None)
+
+
+def test_500_calls_are_written_in_few_transactions(
+    sessions: sessionmaker[Session],
+    committing_engine: Engine,
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    commits: list[int] = []
+
+    def count_commit(_connection: object) -> None:
+        commits.append(1)
+
+    async def scenario() -> dict[str, int]:
+        recorder = Recorder(sessions, recorder_settings, batch_size=200)
+        await recorder.start()
+        for index in range(500):
+            recorder.submit(call(acme, domain_id, response=f"answer {index}"))
+        await recorder.flush()
+        await recorder.aclose()
+        return recorder.counters
+
+    event.listen(committing_engine, "commit", count_commit)
+    try:
+        counters = run(scenario())
+    finally:
+        event.remove(committing_engine, "commit", count_commit)
+    assert counters["recorded"] == 500
+    assert count_rows(sessions, "interactions") == 500
+    assert len(commits) == 3  # 200 + 200 + 100, one transaction each
+
+
+def test_texts_are_redacted_before_they_are_written(
+    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+) -> None:
+    arguments = orjson.dumps({"token": TOKEN, "account": 7}).decode()
+    messages = [
+        {"role": "user", "content": f"Send the invoice to {EMAIL} please"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {
+                    "id": "c1",
+                    "type": "function",
+                    "function": {"name": "auth", "arguments": arguments},
+                }
+            ],
+        },
+        {"role": "tool", "tool_call_id": "c1", "content": f"sent to {EMAIL}"},
+    ]
+    response_calls = [
+        {"id": "c2", "type": "function", "function": {"name": "auth", "arguments": arguments}}
+    ]
+    record = call(
+        acme,
+        domain_id,
+        messages=messages,
+        response=f"Done, {EMAIL} has it.",
+        response_tool_calls=response_calls,
+    )
+
+    async def scenario() -> None:
+        recorder = Recorder(sessions, recorder_settings)
+        await recorder.start()
+        recorder.submit(record)
+        await recorder.aclose()
+
+    run(scenario())
+    (stored,) = rows(sessions)
+    stored_json = orjson.dumps([stored.messages, stored.response, stored.response_tool_calls])
+    assert EMAIL.encode() not in stored_json
+    assert TOKEN.encode() not in stored_json
+    assert stored.metadata_["redaction"]["counts"] == {"EMAIL": 3, "SECRET": 2}
+    assert stored.metadata_["redaction"]["total"] == 5
+    # The arguments stay a JSON object, their keys and non-texts as they were.
+    arguments_stored = orjson.loads(stored.response_tool_calls[0]["function"]["arguments"])
+    assert set(arguments_stored) == {"token", "account"}
+    assert arguments_stored["account"] == 7
+    assert stored.messages[0]["content"].startswith("Send the invoice to ")
+    # The same address is the same surrogate within the call, in the prompt and the response.
+    surrogate = stored.messages[0]["content"].removeprefix("Send the invoice to ").split()[0]
+    assert surrogate in stored.response
+
+
+def test_a_database_that_is_down_sends_calls_to_the_spool_replayed_once(
+    sessions: sessionmaker[Session],
+    down: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    database = Switch(down)
+    first = [call(acme, domain_id, response=f"during the outage {EMAIL} {n}") for n in range(3)]
+    after = call(acme, domain_id, response="after")
+    spool_path = recorder_settings.resolved_gateway_spool_path
+
+    async def scenario() -> tuple[dict[str, int], list[bytes], dict[str, int]]:
+        recorder = Recorder(database, recorder_settings)
+        await recorder.start()
+        for record in first:
+            recorder.submit(record)
+        await recorder.flush()
+        during = recorder.counters
+        spooled = spool_path.read_bytes().splitlines()
+        database.target = sessions  # the database is back
+        recorder.submit(after)
+        await recorder.flush()
+        await recorder.aclose()
+        return during, spooled, recorder.counters
+
+    during, spooled, counters = run(scenario())
+    assert during["spooled"] == 3
+    assert during["recorded"] == during["dropped"] == 0
+    assert during["spool_bytes"] == sum(len(line) + 1 for line in spooled)
+    assert len(spooled) == 3
+    assert all(EMAIL.encode() not in line for line in spooled)  # redacted before the disk
+    assert counters["recorded"] == 1
+    assert counters["replayed"] == 3
+    assert counters["spool_bytes"] == 0
+    assert not spool_path.exists()
+    assert {row.id for row in rows(sessions)} == {r.interaction_id for r in [*first, after]}
+
+    async def restart() -> dict[str, int]:
+        again = Recorder(sessions, recorder_settings)
+        await again.start()
+        await again.flush()
+        await again.aclose()
+        return again.counters
+
+    assert run(restart())["replayed"] == 0
+    assert count_rows(sessions, "interactions") == 4
+
+
+def test_a_spool_left_by_an_earlier_run_is_replayed_at_start(
+    sessions: sessionmaker[Session],
+    down: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    records = [call(acme, domain_id) for _ in range(4)]
+
+    async def outage() -> dict[str, int]:
+        recorder = Recorder(down, recorder_settings)
+        await recorder.start()
+        for record in records:
+            recorder.submit(record)
+        await recorder.aclose()  # what could not be written is spooled
+        return recorder.counters
+
+    async def next_start() -> dict[str, int]:
+        recorder = Recorder(sessions, recorder_settings, retry_interval_s=0.05)
+        await recorder.start()
+        for _ in range(200):  # the background task replays without being asked
+            if recorder.counters["replayed"] == 4:
+                break
+            await asyncio.sleep(0.05)
+        await recorder.aclose()
+        return recorder.counters
+
+    assert run(outage())["spooled"] == 4
+    assert run(next_start())["replayed"] == 4
+    assert count_rows(sessions, "interactions") == 4
+
+
+def test_a_full_spool_drops_and_counts(
+    sessions: sessionmaker[Session],
+    down: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    small = recorder_settings.model_copy(update={"gateway_spool_max_mb": 4096 / 1024 / 1024})
+
+    async def scenario() -> Recorder:
+        recorder = Recorder(down, small)
+        await recorder.start()
+        for _ in range(20):
+            recorder.submit(call(acme, domain_id))
+        await recorder.aclose()
+        return recorder
+
+    recorder = run(scenario())
+    counters = recorder.counters
+    assert 0 < counters["spooled"] < 20
+    assert counters["dropped"] == recorder.dropped["spool_full"] == 20 - counters["spooled"]
+    assert counters["spool_bytes"] <= 4096
+    assert len(small.resolved_gateway_spool_path.read_bytes().splitlines()) == counters["spooled"]
+    registry = CollectorRegistry()
+    registry.register(recorder_collector(recorder))
+    scraped = generate_latest(registry).decode()
+    assert (
+        f'flywheel_gateway_records_dropped_total{{reason="spool_full"}} {counters["dropped"]}.0'
+        in scraped
+    )
+    assert f"flywheel_gateway_records_spooled_total {counters['spooled']}.0" in scraped
+    assert f"flywheel_gateway_spool_bytes {counters['spool_bytes']}.0" in scraped
