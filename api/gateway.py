@@ -15,7 +15,7 @@ Auth, rate limits, the body cap and the request metrics are the REST API's own
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -23,8 +23,6 @@ import orjson
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.registry import Collector
 from pydantic import ValidationError
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -42,7 +40,7 @@ from api.middleware import ApiMetrics, BodyLimit, RequestMetrics
 from flywheel.db import make_engine, make_session_factory
 from flywheel.errors import FlywheelError, InvalidInput, RateLimited, Unauthenticated
 from flywheel.inference.backends import BackendError, ChatBackend
-from flywheel.inference.recording import Recorder
+from flywheel.inference.recording import Recorder, recorder_collector
 from flywheel.inference.routing import Adapters, Router
 from flywheel.settings import Settings
 from flywheel.tenancy.models import Domain, Tenant
@@ -175,7 +173,7 @@ def create_gateway_app(
         redoc_url=None,
     )
     metrics = ApiMetrics()
-    metrics.registry.register(RecorderCollector(recorder))
+    metrics.registry.register(recorder_collector(recorder))
     app.state.settings = settings
     app.state.sessions = sessions
     app.state.metrics = metrics
@@ -221,19 +219,6 @@ def listed_base_model(url: str, api_key: str | None) -> str:
             f"the upstream at {url} did not list its models ({type(error).__name__}): "
             "set FLYWHEEL_GATEWAY_BASE_MODEL"
         ) from error
-
-
-class RecorderCollector(Collector):
-    """The recorder's counters (recorded, failed writes, spooled, queued...) on /metrics."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        self._recorder = recorder
-
-    def collect(self) -> Iterator[Metric]:
-        for name, value in sorted(self._recorder.counters.items()):
-            yield GaugeMetricFamily(
-                f"flywheel_gateway_recorder_{name}", f"Gateway recorder: {name}.", value=value
-            )
 
 
 # Errors, in OpenAI's shape.

@@ -99,4 +99,3 @@ class OpenAIError(StrictModel):
 
 class OpenAIErrorBody(StrictModel):
     error: OpenAIError
-

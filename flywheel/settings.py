@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -275,11 +274,6 @@ class Settings(BaseSettings):
     )
 
     # The OpenAI-compatible gateway (`flywheel gateway`): where calls go and how models route.
-    gateway_backend: Literal["openai", "local"] = Field(
-        default="openai",
-        description="`openai`: an OpenAI-compatible server at FLYWHEEL_GATEWAY_UPSTREAM_URL "
-        "(vLLM, SGLang, LoRAX); `local`: `python -m finetune.serve`, started by the gateway.",
-    )
     gateway_upstream_url: str | None = Field(
         default=None,
         description="The upstream's base URL, e.g. http://vllm.internal:8000/v1.",

@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
+from contextlib import aclosing, suppress
 from pathlib import Path
 from typing import IO, Any
 
@@ -121,18 +121,14 @@ def _drain(stdout: IO[str]) -> None:
 
 
 def _signal_group(process: subprocess.Popen[str], signum: int) -> None:
-    try:
+    with suppress(ProcessLookupError):
         os.killpg(process.pid, signum)
-    except ProcessLookupError:
-        pass
 
 
 class LocalBackend:
     """A `ChatBackend` on a `LocalServer` it starts (`start()`) and stops (`aclose()`)."""
 
-    def __init__(
-        self, command: Sequence[str], *, base_model: str, **upstream_options: Any
-    ) -> None:
+    def __init__(self, command: Sequence[str], *, base_model: str, **upstream_options: Any) -> None:
         self.server = LocalServer(command)
         self._base_model = base_model
         self._options = upstream_options

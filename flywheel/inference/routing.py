@@ -130,7 +130,8 @@ class Router:
 
     def _canary(self, release: DomainRelease, end_user: str, *, is_canary: bool) -> Route:
         champion = release.champion
-        served = Route(release.domain_id, release.name, champion, "champion" if champion else "base")
+        role: Role = "champion" if champion else "base"
+        served = Route(release.domain_id, release.name, champion, role)
         share = release.config.challenger_share
         if not is_canary or release.challenger is None or share <= 0:
             return served
