@@ -55,6 +55,7 @@ class LocalServer:
         self.ready_timeout_s = ready_timeout_s
         self.process: subprocess.Popen[str] | None = None
         self.url: str | None = None
+        self._drain: threading.Thread | None = None
 
     @property
     def base_url(self) -> str:
@@ -90,7 +91,7 @@ class LocalServer:
                     break
                 found = READY.search(line)
                 if found:
-                    _drain(stdout)
+                    self._drain = _drain(stdout)
                     return found.group(1)
                 tail = [*tail, line.rstrip()][-TAIL_LINES:]
         self.stop()
@@ -99,17 +100,23 @@ class LocalServer:
 
     def stop(self, *, grace_s: float = 10) -> None:
         process, self.process = self.process, None
-        if process is None or process.poll() is not None:
+        if process is None:
             return
-        _signal_group(process, signal.SIGTERM)
-        try:
-            process.wait(timeout=grace_s)
-        except subprocess.TimeoutExpired:
-            _signal_group(process, signal.SIGKILL)
-            process.wait()
+        if process.poll() is None:
+            _signal_group(process, signal.SIGTERM)
+            try:
+                process.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(process, signal.SIGKILL)
+                process.wait()
+        drain, self._drain = self._drain, None
+        if drain is not None:
+            drain.join(timeout=5)
+        if process.stdout is not None:
+            process.stdout.close()
 
 
-def _drain(stdout: IO[str]) -> None:
+def _drain(stdout: IO[str]) -> threading.Thread:
     """Keep reading what the server prints (to this process's stderr): a pipe nobody reads
     fills up and blocks the server's next write."""
 
@@ -117,7 +124,9 @@ def _drain(stdout: IO[str]) -> None:
         for line in stdout:
             sys.stderr.write(line)
 
-    threading.Thread(target=forward, name="local-server-output", daemon=True).start()
+    thread = threading.Thread(target=forward, name="local-server-output", daemon=True)
+    thread.start()
+    return thread
 
 
 def _signal_group(process: subprocess.Popen[str], signum: int) -> None:

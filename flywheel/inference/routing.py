@@ -105,7 +105,7 @@ class Router:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._sessions = sessions
-        self._ttl_s = ttl_s
+        self.ttl_s = ttl_s
         self._clock = clock
         self._cache: dict[tuple[uuid.UUID, str], tuple[float, DomainRelease | None]] = {}
         self._loading: dict[tuple[uuid.UUID, str], asyncio.Future[DomainRelease | None]] = {}
@@ -161,7 +161,7 @@ class Router:
             raise
         finally:
             del self._loading[key]
-        self._cache[key] = (self._clock() + self._ttl_s, found)
+        self._cache[key] = (self._clock() + self.ttl_s, found)
         future.set_result(found)
         return found
 

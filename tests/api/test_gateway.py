@@ -312,6 +312,7 @@ def test_the_canary_share_is_sticky_per_end_user_and_near_its_share(
     promote(gateway, sessions, caller, "1")
     register(gateway, sessions, caller, tmp_path, "second")
     set_release(sessions, caller, challenger_share=0.5)
+    gateway.app.state.gateway.router.ttl_s = 60  # one read of the release for the 230 calls
     client = gateway.client(caller.key)
     users = [f"user-{i}" for i in range(200)]
     first: dict[str, str] = {}
