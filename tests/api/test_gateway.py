@@ -234,7 +234,8 @@ def test_the_base_model_answers_before_a_champion_and_every_call_is_recorded(
     assert row.response == answer.choices[0].message.content
     assert row.prompt_tokens == answer.usage.prompt_tokens  # type: ignore[union-attr]
     assert row.completion_tokens == answer.usage.completion_tokens  # type: ignore[union-attr]
-    assert row.latency_ms is not None and row.latency_ms > 0
+    assert row.latency_ms is not None
+    assert row.latency_ms > 0
     assert row.finish_reason == "stop"
 
 
@@ -376,12 +377,14 @@ def test_a_stream_passes_chunks_through_and_records_time_to_first_token(
             stream_options={"include_usage": True},
         )
     )
-    assert with_usage[-1].usage is not None and with_usage[-1].choices == []
+    assert with_usage[-1].usage is not None
+    assert with_usage[-1].choices == []
 
     first, second = rows(gateway, sessions)
     assert str(first.id) == header
     assert (first.status, first.response, first.finish_reason) == ("ok", text, "stop")
-    assert first.ttft_ms is not None and 0 < first.ttft_ms <= first.latency_ms  # type: ignore[operator]
+    assert first.ttft_ms is not None
+    assert 0 < first.ttft_ms <= first.latency_ms
     assert first.completion_tokens == len(text.split())
     assert second.completion_tokens == with_usage[-1].usage.completion_tokens
 
@@ -516,14 +519,17 @@ def test_a_stream_the_upstream_drops_ends_with_an_error_event_and_is_recorded_fa
         got.extend(stream)
     assert got  # the chunks before the break came through
     (row,) = rows(gateway, sessions)
-    assert row.status == "failed" and row.error
+    assert row.status == "failed"
+    assert row.error
 
 
 def test_a_client_that_abandons_a_stream_closes_the_upstream_stream(
     gateway: Served, sessions: sessionmaker[Session], caller: Caller
 ) -> None:
     stream = gateway.client(caller.key).chat.completions.create(
-        model="billing", messages=ask("slow one two three [standin:chunk-delay-ms=400]"), stream=True
+        model="billing",
+        messages=ask("slow one two three [standin:chunk-delay-ms=400]"),
+        stream=True,
     )
     next(iter(stream))
     stream.close()
