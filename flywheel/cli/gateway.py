@@ -50,20 +50,19 @@ def gateway(
     if backend not in ("openai", "local"):
         raise InvalidInput(f"--backend must be openai or local, not {backend!r}")
     current = settings()
-    revision = require_current_schema(current)
-    _export("DYNAMIC_LORA", "true" if dynamic_lora else "false")
-    if upstream_key_env:
-        _export("UPSTREAM_KEY", _secret_from(upstream_key_env))
-    server = None
-    if backend == "local":
-        server = _start_local(base_model or current.base_model)
-        upstream_url = server.base_url
-    elif base_model:
-        _export("BASE_MODEL", base_model)
-    upstream_url = upstream_url or current.gateway_upstream_url
-    if not upstream_url:
+    secret = _secret_from(upstream_key_env) if upstream_key_env else None
+    if backend == "openai" and not (upstream_url or current.gateway_upstream_url):
         raise InvalidInput("--upstream-url (or FLYWHEEL_GATEWAY_UPSTREAM_URL) is required")
-    _export("UPSTREAM_URL", upstream_url)
+    revision = require_current_schema(current)
+    server = _start_local(base_model or current.base_model) if backend == "local" else None
+    upstream_url = server.base_url if server else upstream_url or current.gateway_upstream_url
+    exports = {"UPSTREAM_URL": str(upstream_url), "DYNAMIC_LORA": str(dynamic_lora).lower()}
+    if secret is not None:
+        exports["UPSTREAM_KEY"] = secret
+    if base_model and server is None:
+        exports["BASE_MODEL"] = base_model
+    for name, value in exports.items():  # each uvicorn worker builds its app from them
+        os.environ[f"FLYWHEEL_GATEWAY_{name}"] = value
     url = f"http://{host}:{port}/v1"
     data = {"url": url, "workers": workers, "upstream": upstream_url, "revision": revision}
     emit(data, as_json=as_json, text=f"gateway {url} -> {upstream_url}; Ctrl-C stops")
@@ -80,11 +79,6 @@ def gateway(
     finally:
         if server is not None:
             server.stop()
-
-
-def _export(name: str, value: str) -> None:
-    """Each uvicorn worker builds its app from the FLYWHEEL_* environment."""
-    os.environ[f"FLYWHEEL_GATEWAY_{name}"] = value
 
 
 def _secret_from(variable: str) -> str:

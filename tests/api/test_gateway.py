@@ -13,6 +13,7 @@ import socket
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -100,10 +101,18 @@ def gateway(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[Served]:
     """A gateway of its own per test (its home, MLflow store, caches), on the shared stand-in."""
+    home = tmp_path_factory.mktemp("gateway-home")
+    with serve_gateway(standin, committing_engine, session_settings, home) as served:
+        yield served
+
+
+@contextmanager
+def serve_gateway(
+    standin: RunningStandin, engine: Engine, base: Settings, home: Path, **overrides: Any
+) -> Iterator[Served]:
     standin.app.requests.clear()
     standin.app.adapters.clear()
-    home = tmp_path_factory.mktemp("gateway-home")
-    settings = session_settings.model_copy(
+    settings = base.model_copy(
         update={
             "home": home,
             "mlflow_tracking_uri": f"sqlite:///{home / 'mlflow.db'}",
@@ -111,9 +120,10 @@ def gateway(
             "gateway_base_model": BASE,
             "gateway_upstream_timeout_s": UPSTREAM_TIMEOUT_S,
             "gateway_route_cache_ttl_s": 0.0,  # tests promote and expect the next call to see it
+            **overrides,
         }
     )
-    app = create_gateway_app(settings, sessions=make_session_factory(committing_engine))
+    app = create_gateway_app(settings, sessions=make_session_factory(engine))
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
@@ -125,11 +135,13 @@ def gateway(
     while not server.started:
         assert thread.is_alive(), "the gateway did not start"
         time.sleep(0.01)
-    yield Served(app, sock.getsockname()[1], loop, standin, settings)
-    server.should_exit = True
-    thread.join(timeout=20)
-    loop.close()
-    sock.close()
+    try:
+        yield Served(app, sock.getsockname()[1], loop, standin, settings)
+    finally:
+        server.should_exit = True
+        thread.join(timeout=20)
+        loop.close()
+        sock.close()
 
 
 @pytest.fixture
@@ -552,3 +564,23 @@ def test_metrics_include_the_recorders_counters(
     text = httpx.get(f"http://127.0.0.1:{gateway.port}/metrics").text
     assert "flywheel_gateway_records_recorded_total 1.0" in text
     assert 'route="/v1/chat/completions"' in text
+
+
+def test_a_key_past_its_rate_limit_gets_429_with_retry_after(
+    standin: RunningStandin,
+    committing_engine: Engine,
+    session_settings: Settings,
+    sessions: sessionmaker[Session],
+    caller: Caller,
+    tmp_path: Path,
+) -> None:
+    limits = {"rate_limit_per_s": 0.01, "rate_limit_burst": 2}
+    with serve_gateway(standin, committing_engine, session_settings, tmp_path, **limits) as gw:
+        client = gw.client(caller.key)
+        for _ in range(2):
+            client.chat.completions.create(model="billing", messages=ask("x"))
+        with pytest.raises(openai.RateLimitError) as raised:
+            client.chat.completions.create(model="billing", messages=ask("x"))
+        assert int(raised.value.response.headers["retry-after"]) >= 1
+        assert error_of(raised.value)["type"] == "rate_limit_error"
+        assert len(gw.chats()) == 2
