@@ -4,6 +4,9 @@ speaks), for tests and `bench/gateway.py`: no model, deterministic answers, ever
     python -m flywheel.inference.standin --port 0 [--delay-ms N] [--chunks N]
     -> prints `flywheel-serve listening on http://127.0.0.1:PORT` once it serves
 
+or in-process: `with serve_in_thread(StandinConfig(...)) as running:` (`running.base_url`,
+`running.app.requests`), or `create_standin_app(config)` for any ASGI server.
+
 Routes (base URL `http://HOST:PORT/v1`):
 - `GET /v1/models`: the base model and the loaded adapters, vLLM's model cards.
 - `POST /v1/chat/completions`: `model` must be the base or a loaded adapter (else vLLM's 404);
@@ -19,9 +22,12 @@ Routes (base URL `http://HOST:PORT/v1`):
 - `POST /v1/load_lora_adapter {"lora_name", "lora_path"}`: 200 text; 400 when the name is
   loaded already ("... has already been loaded."); 404 when the path is not a directory (vLLM
   cannot load it either). `POST /v1/unload_lora_adapter {"lora_name"}`: 200, or 404 unknown.
-- `GET /_standin/requests`: every request received (method, path, headers, body, and for chat
-  completions `disconnected`: the client left before the answer ended); `DELETE` empties it.
+- `GET /_standin/requests`: every request received (method, path, headers, body, the client's
+  port (one per connection), and for chat completions `disconnected`: the client left before
+  the answer ended); `DELETE` empties it.
   In-process: `StandinApp.requests`.
+- `--api-key KEY` (as vLLM's): requests without `Authorization: Bearer KEY` get 401
+  `{"error": "Unauthorized"}`. `--base-model NAME` names the base (default `standin-base`).
 
 Faults, per request, in the header `X-Standin-Fault` or in the last user message as
 `[standin:...]` (both may be given; the message's win), comma- or space-separated:
@@ -36,28 +42,31 @@ import argparse
 import asyncio
 import contextlib
 import logging
-import math
-import re
 import socket
 import threading
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import orjson
+
+from flywheel.inference.standin_replies import (
+    Fault,
+    Reply,
+    completion_body,
+    compose_reply,
+    read_fault,
+    stream_events,
+)
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
 
-FAULT_HEADER = b"x-standin-fault"
-FAULT_IN_TEXT = re.compile(r"\[standin:([^\]]*)\]")
-TOOL_TRIGGER = "call "
 UNFINISHED = "ASGI callable returned without completing response."  # uvicorn's, on a drop
 
 
@@ -69,32 +78,7 @@ class StandinConfig:
     chunk_delay_ms: float = 0
     max_model_len: int = 4096
     record_limit: int = 100_000  # requests kept (the oldest go first)
-
-
-@dataclass(frozen=True)
-class Fault:
-    delay_ms: float | None = None
-    status: int | None = None
-    drop_after: int | None = None
-    chunk_delay_ms: float | None = None
-    is_hang: bool = False
-
-
-@dataclass
-class Reply:
-    content: str | None
-    tool_calls: list[dict[str, Any]] | None
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-
-    def usage(self) -> dict[str, int]:
-        total = self.prompt_tokens + self.completion_tokens
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": total,
-        }
+    api_key: str | None = None  # as vLLM's --api-key: /v1 wants `Authorization: Bearer <it>`
 
 
 @dataclass
@@ -107,6 +91,8 @@ class StandinApp:
 
     def __post_init__(self) -> None:
         self.requests = deque(maxlen=self.config.record_limit)
+        key = self.config.api_key
+        self._authorization = f"Bearer {key}".encode() if key else None
         self._routes: dict[tuple[str, str], Callable[..., Awaitable[None]]] = {
             ("POST", "/v1/chat/completions"): self._chat,
             ("GET", "/v1/models"): self._models,
@@ -130,10 +116,13 @@ class StandinApp:
             "path": path,
             "headers": {k.decode("latin-1"): v.decode("latin-1") for k, v in scope["headers"]},
             "body": _parse(body),
+            "client_port": (scope.get("client") or (None, None))[1],  # one per connection
         }
         self.requests.append(record)
         route = self._routes.get((method, path))
-        if route is not None:
+        if self._authorization is not None and scope_authorization(scope) != self._authorization:
+            await send_json(send, 401, {"error": "Unauthorized"})  # vLLM's answer
+        elif route is not None:
             await route(scope, receive, send, record)
         elif any(p == path for _, p in self._routes):
             await send_json(send, 405, {"detail": "Method Not Allowed"})
@@ -191,7 +180,7 @@ class StandinApp:
         if problem is not None:
             await send_error(send, *problem)
             return
-        fault = read_fault(scope, request["messages"])
+        fault = read_fault(scope["headers"], request["messages"])
         if fault.is_hang:
             await _until_disconnect(receive)
             record["disconnected"] = True
@@ -218,26 +207,7 @@ class StandinApp:
         return None
 
     async def _complete(self, send: Send, model: str, reply: Reply, fault: Fault) -> None:
-        message: dict[str, Any] = {"role": "assistant", "content": reply.content}
-        if reply.tool_calls is not None:
-            message["tool_calls"] = reply.tool_calls
-        body = orjson.dumps(
-            {
-                "id": _completion_id(),
-                "object": "chat.completion",
-                "created": int(time.time()),
-                "model": model,
-                "choices": [
-                    {
-                        "index": 0,
-                        "message": message,
-                        "logprobs": None,
-                        "finish_reason": reply.finish_reason,
-                    }
-                ],
-                "usage": reply.usage(),
-            }
-        )
+        body = orjson.dumps(completion_body(model, reply))
         if fault.drop_after is not None:
             await _start(send, 200, b"application/json", len(body))
             await send(
@@ -263,7 +233,8 @@ class StandinApp:
                 if fault.drop_after is not None and index >= fault.drop_after:
                     return  # uvicorn closes the connection: the chunked body never ends
                 if index and delay_ms > 0:
-                    await asyncio.sleep(delay_ms / 1000)
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(gone.wait(), delay_ms / 1000)
                 if gone.is_set():
                     record["disconnected"] = True
                     return
@@ -274,143 +245,12 @@ class StandinApp:
             watcher.cancel()
 
 
-# Answers.
-def compose_reply(request: dict[str, Any], model: str) -> Reply:
-    messages = request["messages"]
-    last = messages[-1] if messages and isinstance(messages[-1], dict) else {}
-    prompt_tokens = sum(len(text_of(m).split()) for m in messages if isinstance(m, dict))
-    if last.get("role") == "tool":
-        content = f"reply from {model} to tool result: {text_of(last)}"
-    else:
-        user_text = text_of(last) if last.get("role") == "user" else last_user_text(messages)
-        call = (
-            tool_call_for(request.get("tools"), user_text) if last.get("role") == "user" else None
-        )
-        if call is not None:
-            return Reply(
-                None,
-                [call],
-                "tool_calls",
-                prompt_tokens,
-                len(call["function"]["arguments"].split()),
-            )
-        content = f"reply from {model} to: {user_text}"
-    words = content.split(" ")
-    limit = request.get("max_completion_tokens") or request.get("max_tokens")
-    if isinstance(limit, int) and 0 < limit < len(words):
-        return Reply(" ".join(words[:limit]), None, "length", prompt_tokens, limit)
-    return Reply(content, None, "stop", prompt_tokens, len(words))
-
-
-def text_of(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list):
-        return " ".join(p.get("text", "") for p in content if isinstance(p, dict))
-    return ""
-
-
-def last_user_text(messages: list[Any]) -> str:
-    for message in reversed(messages):
-        if isinstance(message, dict) and message.get("role") == "user":
-            return text_of(message)
-    return ""
-
-
-def tool_call_for(tools: Any, user_text: str) -> dict[str, Any] | None:
-    """The call of the first tool whose `call <name>` the user text contains, if any."""
-    if not isinstance(tools, list) or TOOL_TRIGGER not in user_text:
-        return None
-    for tool in tools:
-        function = tool.get("function") if isinstance(tool, dict) else None
-        if not isinstance(function, dict):
-            continue
-        name = function.get("name")
-        if isinstance(name, str) and f"{TOOL_TRIGGER}{name}" in user_text:
-            arguments = sample_arguments(function.get("parameters"), user_text)
-            return {
-                "id": f"call_{uuid.uuid4().hex[:24]}",
-                "type": "function",
-                "function": {"name": name, "arguments": orjson.dumps(arguments).decode()},
-            }
-    return None
-
-
-def sample_arguments(parameters: Any, user_text: str) -> dict[str, Any]:
-    properties = parameters.get("properties") if isinstance(parameters, dict) else None
-    samples = {"string": user_text, "integer": 1, "number": 1, "boolean": True}
-    arguments: dict[str, Any] = {}
-    for name, schema in (properties or {}).items():
-        kind = schema.get("type") if isinstance(schema, dict) else None
-        arguments[name] = samples.get(kind) if isinstance(kind, str) else None
-    return arguments
-
-
-def stream_events(model: str, reply: Reply, pieces: int, include_usage: bool) -> list[bytes]:
-    """The SSE events of a streamed answer, `data: [DONE]` last."""
-    head = {
-        "id": _completion_id(),
-        "object": "chat.completion.chunk",
-        "created": int(time.time()),
-        "model": model,
-    }
-
-    def chunk(delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
-        choice = {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
-        return {**head, "choices": [choice], **({"usage": None} if include_usage else {})}
-
-    chunks = [chunk({"role": "assistant", "content": "" if reply.content is not None else None})]
-    if reply.tool_calls is not None:
-        chunks.append(
-            chunk({"tool_calls": [{"index": i, **c} for i, c in enumerate(reply.tool_calls)]})
-        )
-    else:
-        chunks += [chunk({"content": piece}) for piece in split_text(reply.content or "", pieces)]
-    chunks.append(chunk({}, reply.finish_reason))
-    if include_usage:
-        chunks.append({**head, "choices": [], "usage": reply.usage()})
-    return [b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks] + [b"data: [DONE]\n\n"]
-
-
-def split_text(text: str, pieces: int) -> list[str]:
-    size = max(1, math.ceil(len(text) / max(1, pieces)))
-    return [text[i : i + size] for i in range(0, len(text), size)] or [""]
-
-
-def read_fault(scope: Scope, messages: list[Any]) -> Fault:
-    fault = Fault()
-    for name, value in scope["headers"]:
-        if name == FAULT_HEADER:
-            fault = parse_fault(value.decode("latin-1"), fault)
-    text = last_user_text(messages)
-    if "[standin:" in text:
-        for spec in FAULT_IN_TEXT.findall(text):
-            fault = parse_fault(spec, fault)
-    return fault
-
-
-def parse_fault(spec: str, fault: Fault) -> Fault:
-    """`spec`'s directives laid over `fault`; unknown ones are ignored."""
-    for token in re.split(r"[,\s]+", spec.strip()):
-        key, _, value = token.partition("=")
-        with contextlib.suppress(ValueError):
-            if key == "hang":
-                fault = replace(fault, is_hang=True)
-            elif key == "delay-ms":
-                fault = replace(fault, delay_ms=float(value))
-            elif key == "status":
-                fault = replace(fault, status=int(value))
-            elif key == "drop-after":
-                fault = replace(fault, drop_after=int(value))
-            elif key == "chunk-delay-ms":
-                fault = replace(fault, chunk_delay_ms=float(value))
-    return fault
-
-
 # ASGI plumbing.
-def _completion_id() -> str:
-    return f"chatcmpl-{uuid.uuid4().hex}"
+def scope_authorization(scope: Scope) -> bytes | None:
+    for name, value in scope["headers"]:
+        if name == b"authorization":
+            return bytes(value)
+    return None
 
 
 def _card(name: str, root: str, parent: str | None, max_model_len: int | None) -> dict[str, Any]:
@@ -583,6 +423,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--chunks", type=int, default=StandinConfig.chunks)
     parser.add_argument("--chunk-delay-ms", type=float, default=0.0)
     parser.add_argument("--record-limit", type=int, default=StandinConfig.record_limit)
+    parser.add_argument("--api-key", default=None)
     args = parser.parse_args(argv)
     config = StandinConfig(
         base_model=args.base_model,
@@ -590,6 +431,7 @@ def main(argv: list[str] | None = None) -> None:
         chunks=args.chunks,
         chunk_delay_ms=args.chunk_delay_ms,
         record_limit=args.record_limit,
+        api_key=args.api_key,
     )
     app = create_standin_app(config)
     with (

@@ -1,5 +1,6 @@
 """An OpenAI-compatible upstream (vLLM `--enable-lora`, SGLang, LoRAX, `finetune.serve`) as a
-`ChatBackend`: one pooled HTTP/1.1 keep-alive client per upstream.
+`ChatBackend`: HTTP/1.1 keep-alive connections (httpx), at most `max_connections` of them,
+spread over pools of at most `CONNECTIONS_PER_POOL` taken in turn (see there why).
 
 `base_url` is the one ending in `/v1`, as the `openai` client takes it. Adapters are served by
 name: with `dynamic_lora` (vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`) an adapter is loaded
@@ -20,6 +21,8 @@ raised there, before any chunk, so a caller can still answer with an error statu
 from __future__ import annotations
 
 import asyncio
+import itertools
+import ssl
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -30,6 +33,10 @@ from flywheel.inference.backends import Adapter, BackendError
 
 MAX_MESSAGE_CHARS = 200  # of an upstream's error message passed on to the caller
 JSON_HEADERS = {"content-type": "application/json"}
+# httpcore 1.0's pool does O(connections^2) work on every request and response (it counts all
+# its connections once per idle one): past ~16 connections that dominates a request's cost, so
+# the connections are spread over pools of at most this many, taken in turn.
+CONNECTIONS_PER_POOL = 16
 T = TypeVar("T")
 
 
@@ -51,18 +58,15 @@ class OpenAIUpstream:
         self._base_model = base_model
         self._is_dynamic_lora = dynamic_lora
         headers = {"authorization": f"Bearer {api_key}"} if api_key else {}
-        self._client = httpx.AsyncClient(
-            headers=headers,
-            timeout=httpx.Timeout(timeout_s, connect=connect_timeout_s),
-            limits=httpx.Limits(
-                max_connections=max_connections, max_keepalive_connections=max_connections
-            ),
-            http1=True,
-            http2=False,
-            trust_env=False,  # never a proxy from the environment between us and the upstream
-        )
+        timeout = httpx.Timeout(timeout_s, connect=connect_timeout_s)
+        tls = ssl.create_default_context()  # one for all the pools (each costs ~20 ms)
+        self._clients = [
+            _pooled_client(headers, timeout, tls, size)
+            for size in pool_sizes(max_connections, CONNECTIONS_PER_POOL)
+        ]
+        self._turn = itertools.cycle(self._clients)
         self._ready: set[str] = set()  # adapter names loaded (or listed) on the upstream
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._attempts: dict[str, asyncio.Future[None]] = {}  # loads under way, by name
 
     @property
     def base_model(self) -> str:
@@ -73,17 +77,28 @@ class OpenAIUpstream:
         return self._base_url
 
     async def ensure_adapter(self, adapter: Adapter) -> None:
+        """One upstream call per name however many ask at once (they share its outcome, a
+        failure too; the next call after a failure tries again); none once it is ready."""
         if adapter.name in self._ready:
             return
-        lock = self._locks.setdefault(adapter.name, asyncio.Lock())
-        async with lock:
-            if adapter.name in self._ready:
-                return
-            if self._is_dynamic_lora:
-                await self._load_adapter(adapter)
-            else:
-                await self._check_listed(adapter)
-            self._ready.add(adapter.name)
+        attempt = self._attempts.get(adapter.name)
+        if attempt is None:
+            attempt = asyncio.ensure_future(self._make_ready(adapter))
+            self._attempts[adapter.name] = attempt
+            attempt.add_done_callback(lambda done: self._settle(adapter.name, done))
+        await asyncio.shield(attempt)  # a caller cancelled does not cancel the others' load
+
+    async def _make_ready(self, adapter: Adapter) -> None:
+        if self._is_dynamic_lora:
+            await self._load_adapter(adapter)
+        else:
+            await self._check_listed(adapter)
+        self._ready.add(adapter.name)
+
+    def _settle(self, name: str, attempt: asyncio.Future[None]) -> None:
+        del self._attempts[name]
+        if not attempt.cancelled():
+            attempt.exception()  # retrieved: every caller may have gone before it failed
 
     async def complete(self, body: dict[str, Any], adapter: Adapter | None) -> dict[str, Any]:
         payload = {**body, "model": self._model_of(adapter)}
@@ -102,25 +117,31 @@ class OpenAIUpstream:
         self, body: dict[str, Any], adapter: Adapter | None
     ) -> AsyncIterator[dict[str, Any]]:
         payload = {**body, "model": self._model_of(adapter), "stream": True}
-        request = self._client.build_request(
+        client = next(self._turn)
+        request = client.build_request(
             "POST",
             self._url("/chat/completions"),
             content=orjson.dumps(payload),
             headers=JSON_HEADERS,
         )
-        response = await _call(lambda: self._client.send(request, stream=True))
+        response = await _call(lambda: client.send(request, stream=True))
         try:
             if response.status_code >= 300:
                 await _call(response.aread)
                 self._forget_on_404(response, adapter)
                 raise upstream_error(response)
-            async for chunk in _sse_chunks(response):
-                yield chunk
+            events, pieces = SseEvents(), response.aiter_bytes()
+            while True:
+                for event in events.feed(await _next_piece(pieces)):
+                    if event == b"[DONE]":
+                        return
+                    yield parse_chunk(event)
         finally:
             await response.aclose()  # unread: the connection is closed, the upstream sees it
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        for client in self._clients:
+            await client.aclose()
 
     # The adapters.
     async def _load_adapter(self, adapter: Adapter) -> None:
@@ -156,10 +177,33 @@ class OpenAIUpstream:
     async def _send(self, method: str, path: str, payload: Any) -> httpx.Response:
         content = None if payload is None else orjson.dumps(payload)
         headers = None if payload is None else JSON_HEADERS
-        url = self._url(path)
-        return await _call(
-            lambda: self._client.request(method, url, content=content, headers=headers)
-        )
+        url, client = self._url(path), next(self._turn)
+        return await _call(lambda: client.request(method, url, content=content, headers=headers))
+
+
+def pool_sizes(max_connections: int, per_pool: int) -> list[int]:
+    """`max_connections` spread evenly over as few pools of at most `per_pool` as hold them.
+
+    >>> pool_sizes(100, 16), pool_sizes(10, 16), pool_sizes(0, 16)
+    ([15, 15, 14, 14, 14, 14, 14], [10], [1])
+    """
+    count = max(1, -(-max_connections // per_pool))
+    total = max(count, max_connections)
+    return [total // count + (1 if i < total % count else 0) for i in range(count)]
+
+
+def _pooled_client(
+    headers: dict[str, str], timeout: httpx.Timeout, tls: ssl.SSLContext, size: int
+) -> httpx.AsyncClient:
+    return httpx.AsyncClient(
+        headers=headers,
+        timeout=timeout,
+        verify=tls,
+        limits=httpx.Limits(max_connections=size, max_keepalive_connections=size),
+        http1=True,
+        http2=False,
+        trust_env=False,  # never a proxy from the environment between us and the upstream
+    )
 
 
 async def _call(action: Callable[[], Awaitable[T]]) -> T:
@@ -183,39 +227,35 @@ def raise_backend_error(error: httpx.HTTPError) -> NoReturn:
     ) from error
 
 
-async def _sse_chunks(response: httpx.Response) -> AsyncIterator[dict[str, Any]]:
-    """The JSON objects of an SSE stream's `data:` events, until `data: [DONE]`."""
-    pending = b""
-    data: list[bytes] = []
-    stream = response.aiter_bytes()
-    while True:
-        try:
-            piece = await anext(stream)
-        except StopAsyncIteration:
-            raise BackendError("dropped", "the upstream stream ended before [DONE]") from None
-        except httpx.HTTPError as error:
-            raise_backend_error(error)
-        lines = (pending + piece).split(b"\n")
-        pending = lines.pop()
+async def _next_piece(pieces: AsyncIterator[bytes]) -> bytes:
+    try:
+        return await anext(pieces)
+    except StopAsyncIteration:
+        raise BackendError("dropped", "the upstream stream ended before [DONE]") from None
+    except httpx.HTTPError as error:
+        raise_backend_error(error)
+
+
+class SseEvents:
+    """Server-sent events from bytes as they arrive: each event's `data` (its `data:` lines
+    joined), once the blank line that ends it is in."""
+
+    def __init__(self) -> None:
+        self._pending = b""
+        self._data: list[bytes] = []
+
+    def feed(self, piece: bytes) -> list[bytes]:
+        lines = (self._pending + piece).split(b"\n")
+        self._pending = lines.pop()
+        events = []
         for line in lines:
-            event = _sse_line(line.rstrip(b"\r"), data)
-            if event is None:
-                continue
-            if event == b"[DONE]":
-                return
-            yield parse_chunk(event)
-
-
-def _sse_line(line: bytes, data: list[bytes]) -> bytes | None:
-    """Feed one line; the event's data once a blank line ends it (or a lone `data:` line)."""
-    if line.startswith(b"data:"):
-        data.append(line[6:] if line[5:6] == b" " else line[5:])
-        return None
-    if line or not data:
-        return None  # a comment, another field, or a blank line with no data before it
-    event = b"\n".join(data)
-    data.clear()
-    return event
+            line = line.removesuffix(b"\r")
+            if line.startswith(b"data:"):
+                self._data.append(line[6:] if line[5:6] == b" " else line[5:])
+            elif not line and self._data:
+                events.append(b"\n".join(self._data))
+                self._data.clear()
+        return events  # comments (`:`), other fields and empty events are skipped
 
 
 def parse_chunk(event: bytes) -> dict[str, Any]:

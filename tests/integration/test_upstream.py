@@ -16,11 +16,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+import openai
 import pytest
 
 from flywheel.inference.backends import Adapter, BackendError
 from flywheel.inference.standin import RunningStandin, StandinConfig, serve_in_thread
-from flywheel.inference.upstream import OpenAIUpstream
+from flywheel.inference.upstream import CONNECTIONS_PER_POOL, OpenAIUpstream, pool_sizes
 
 pytestmark = pytest.mark.no_database
 
@@ -203,6 +204,48 @@ def test_the_api_key_is_sent_as_a_bearer_token(server: RunningStandin) -> None:
     assert chats(server)[0]["headers"]["authorization"] == "Bearer sk-upstream"
 
 
+def test_requests_reuse_kept_alive_connections(server: RunningStandin) -> None:
+    async def scenario(max_connections: int) -> None:
+        upstream = await with_upstream(server, max_connections=max_connections)
+        for _ in range(20):
+            await upstream.complete(user("hi"), None)
+        await upstream.aclose()
+
+    run(scenario(10))  # one pool
+    run(scenario(100))  # pools of at most 16, taken in turn: one connection each here
+    ports = [r["client_port"] for r in chats(server)]
+    assert len(set(ports[:20])) == 1
+    assert len(set(ports[20:])) == len(pool_sizes(100, CONNECTIONS_PER_POOL)) == 7
+
+
+def test_a_task_cancelled_mid_stream_closes_the_upstream_request(server: RunningStandin) -> None:
+    body = user("a long answer [standin:chunk-delay-ms=200]")
+
+    async def scenario() -> int:
+        upstream = await with_upstream(server)
+        received: list[dict[str, Any]] = []
+
+        async def consume() -> None:
+            async for chunk in upstream.stream(body, None):
+                received.append(chunk)
+
+        task = asyncio.ensure_future(consume())
+        while len(received) < 2:
+            await asyncio.sleep(0.01)
+        task.cancel()  # what a server does to a handler whose client went away
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        for _ in range(100):
+            if chats(server)[0]["disconnected"]:
+                break
+            await asyncio.sleep(0.02)
+        await upstream.aclose()
+        return len(received)
+
+    assert run(scenario()) == 2
+    assert chats(server)[0]["disconnected"] is True
+
+
 # Adapters.
 def test_ten_concurrent_ensures_load_an_adapter_once(
     server: RunningStandin, adapter_dir: Path
@@ -265,6 +308,24 @@ def test_an_adapter_the_upstream_cannot_load_is_an_upstream_error(
     assert caught.value.status == 502
 
 
+def test_concurrent_ensures_of_an_adapter_that_fails_share_one_attempt(
+    server: RunningStandin, tmp_path: Path
+) -> None:
+    adapter = Adapter("acme.billing-v4", tmp_path / "missing")
+
+    async def scenario() -> list[BaseException | None]:
+        upstream = await with_upstream(server)
+        tries = [upstream.ensure_adapter(adapter) for _ in range(10)]
+        outcomes = await asyncio.gather(*tries, return_exceptions=True)
+        again = await asyncio.gather(upstream.ensure_adapter(adapter), return_exceptions=True)
+        await upstream.aclose()
+        return [*outcomes, *again]
+
+    outcomes = run(scenario())
+    assert all(isinstance(o, BackendError) and o.upstream_status == 404 for o in outcomes)
+    assert paths(server).count(("POST", "/v1/load_lora_adapter")) == 2  # the ten, then one
+
+
 def test_without_dynamic_lora_an_adapter_must_be_listed_and_is_looked_up_once(
     server: RunningStandin, adapter_dir: Path
 ) -> None:
@@ -288,6 +349,30 @@ def test_without_dynamic_lora_an_adapter_must_be_listed_and_is_looked_up_once(
     assert "acme.billing-v9" in error.message
     assert paths(server) == [("GET", "/v1/models")] * 2
     assert server.app.adapters == {"acme.billing-v3": str(adapter_dir)}
+
+
+def test_an_adapter_the_upstream_lost_is_loaded_again(
+    server: RunningStandin, adapter_dir: Path
+) -> None:
+    adapter = Adapter("acme.billing-v3", adapter_dir)
+
+    async def scenario() -> tuple[BackendError, dict[str, Any]]:
+        upstream = await with_upstream(server)
+        await upstream.ensure_adapter(adapter)
+        server.app.adapters.clear()  # the upstream restarted
+        try:
+            await upstream.complete(user("hi"), adapter)
+        except BackendError as error:
+            lost = error
+        await upstream.ensure_adapter(adapter)
+        answer = await upstream.complete(user("hi"), adapter)
+        await upstream.aclose()
+        return lost, answer
+
+    lost, answer = run(scenario())
+    assert (lost.kind, lost.upstream_status) == ("upstream_error", 404)
+    assert answer["model"] == "acme.billing-v3"
+    assert paths(server).count(("POST", "/v1/load_lora_adapter")) == 2
 
 
 # Failures.
@@ -343,9 +428,18 @@ def test_an_error_status_is_an_upstream_error_with_the_upstreams_message(
     assert "The model `nope` does not exist." in unknown.message
 
 
+def test_a_refused_api_key_is_an_upstream_error() -> None:
+    with serve_in_thread(StandinConfig(base_model=BASE, api_key="sk-right")) as guarded:
+        refused = failure(complete_once(guarded.base_url, user("hi"), api_key="sk-wrong"))
+        run(complete_once(guarded.base_url, user("hi"), api_key="sk-right"))
+    assert (refused.kind, refused.upstream_status) == ("upstream_error", 401)
+    assert refused.message == "the upstream answered 401: Unauthorized"
+    assert "sk-" not in refused.message
+
+
 def test_an_upstream_that_does_not_answer_in_time_is_a_timeout(server: RunningStandin) -> None:
     hang = user("hi [standin:hang]")
-    slow_chunks = user("hi [standin:chunk-delay-ms=3000]")
+    slow_chunks = user("hi [standin:chunk-delay-ms=10000]")
     received: list[dict[str, Any]] = []
     started = time.monotonic()
     errors = [
@@ -353,7 +447,7 @@ def test_an_upstream_that_does_not_answer_in_time_is_a_timeout(server: RunningSt
         failure(stream_once(server.base_url, hang, [], timeout_s=0.3)),
         failure(stream_once(server.base_url, slow_chunks, received, timeout_s=0.3)),
     ]
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 8  # not the 10 s the second chunk would take
     assert [e.kind for e in errors] == ["timeout"] * 3
     assert {e.status for e in errors} == {504}
     assert len(received) == 1  # the first chunk came; the second never did in time
@@ -403,6 +497,12 @@ def test_the_standin_unloads_adapters_and_reports_what_it_received(
     gone = httpx.post(f"{base}/unload_lora_adapter", json={"lora_name": "a-v1"})
     assert gone.status_code == 404
     assert gone.json()["error"]["type"] == "NotFoundError"
+    chat = {**user("hi"), "model": BASE}
+    faulty = httpx.post(
+        f"{base}/chat/completions", json=chat, headers={"X-Standin-Fault": "status=503"}
+    )
+    assert faulty.status_code == 503
+    assert faulty.json()["error"]["code"] == 503
     assert httpx.get(f"{base}/nowhere").status_code == 404
     assert httpx.get(f"{base}/chat/completions").status_code == 405
     recorded = httpx.get(f"http://127.0.0.1:{server.port}/_standin/requests").json()
@@ -410,10 +510,33 @@ def test_the_standin_unloads_adapters_and_reports_what_it_received(
         ("POST", "/v1/load_lora_adapter"),
         ("POST", "/v1/unload_lora_adapter"),
         ("POST", "/v1/unload_lora_adapter"),
+        ("POST", "/v1/chat/completions"),
         ("GET", "/v1/nowhere"),
         ("GET", "/v1/chat/completions"),
     ]
     assert recorded[0]["body"] == load
+
+
+def test_the_official_openai_client_reads_the_standins_answers(server: RunningStandin) -> None:
+    client = openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
+    ask = [{"role": "user", "content": "please call get_weather now"}]
+    called = client.chat.completions.create(model=BASE, messages=ask, tools=[WEATHER_TOOL])
+    [call] = called.choices[0].message.tool_calls or []
+    assert call.function.name == "get_weather"
+    assert called.choices[0].finish_reason == "tool_calls"
+    streamed = client.chat.completions.create(
+        model=BASE,
+        messages=[{"role": "user", "content": "hi"}],
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(streamed)
+    assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices) == (
+        "reply from standin-base to: hi"
+    )
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.total_tokens == 1 + 5
+    client.close()
 
 
 def test_the_standin_command_prints_its_address_once_serving() -> None:
