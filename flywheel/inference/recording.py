@@ -11,9 +11,13 @@ stored.
 
 Before anything is written or spooled, the conversation, the response, its tool calls'
 arguments, tool results and the error are redacted as the feedback compiler redacts them
-(`flywheel.redaction.redact` on every text `flywheel.signals.message_texts` reaches, with the
-conversation's compile group key as the scope of its surrogates); each record's report (how
-many of each type were replaced) goes to the interaction's `metadata["redaction"]`.
+(what `flywheel.redaction.redact` does, on every text `flywheel.signals.message_texts`
+reaches, with the conversation's compile group key as the scope of its surrogates: the stored
+conversation is the one compile would store); each record's report (how many of each type were
+replaced) goes to the interaction's `metadata["redaction"]`. Redaction runs on the writer's
+thread, which gives the GIL up between records (the event loop waits for it at most one
+record's redaction, not the 5 ms switch interval), and remembers the finds of texts it saw
+lately (`SpanCache`): a chat resends its history with every turn.
 
 The interaction id is the caller's: the gateway returns it to the app before the row exists.
 Feedback that arrives for it before the batch is written is answered as for any unknown
@@ -42,9 +46,10 @@ import contextlib
 import hashlib
 import logging
 import threading
+import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -52,13 +57,14 @@ from typing import Any, Literal
 import orjson
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from sqlalchemy import Table, select
-from sqlalchemy.exc import DataError, IntegrityError, SQLAlchemyError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.feedback.models import Interaction
-from flywheel.inference.spool import MIB, Spool
-from flywheel.redaction import redact
+from flywheel.inference.spool import MIB, Spool, decode_rows, encode_row
+from flywheel.redaction import Span, Surrogates, apply, find_spans
+from flywheel.redaction.keys import redaction_key
 from flywheel.settings import Settings
 from flywheel.signals.compile.items import group_key_of
 from flywheel.signals.message_texts import map_texts
@@ -73,6 +79,7 @@ Row = dict[str, Any]
 DROP_REASONS = (
     "queue_full",  # the queue and the spool's queue were both full
     "spool_full",
+    "spool_failed",  # the spool could not be written (a disk error)
     "foreign_domain",  # the record's domain is not its tenant's
     "refused",  # the database refused the row for its data
     "torn",  # a spooled line a crash cut short
@@ -136,7 +143,9 @@ class Recorder:
         self._write_lock = asyncio.Lock()
         self._task: asyncio.Task[None] | None = None
         self._is_closed = False
-        self._is_database_up = True
+        self._failed_at: float | None = None  # when the database last failed a write
+        self._is_replaying = False  # a chunk was replayed and more are spooled
+        self._spans = SpanCache()  # the writer thread's
         self._counts_lock = threading.Lock()
         self._counts: Counter[str] = Counter()
         self.dropped: Counter[str] = Counter()
@@ -166,22 +175,23 @@ class Recorder:
             self._drop("unexpected", 1)
 
     async def flush(self, *, replay: bool = True) -> None:
-        """Write (or spool) everything submitted so far; with `replay`, also write back what
-        the spool holds, when the database takes it."""
+        """Write (or spool) everything submitted so far, trying the database even if it was
+        down a moment ago; with `replay`, also write back what the spool holds, if it can."""
         async with self._write_lock:
+            self._failed_at = None  # try now
             while self._queue or self._overflow:
                 await self._step(replay=replay)
-            while replay and self._is_database_up and self.spool.has_lines():
+            while replay and self._is_database_up() and self.spool.has_lines():
                 if not await asyncio.to_thread(self._replay_chunk):
                     break
 
     async def aclose(self) -> None:
         """Stop the writer: what is queued is written, or spooled when the database refuses."""
         self._is_closed = True
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+        self._wake.set()
+        self._full.set()
+        if self._task is not None:  # it ends after its step: a write is never cut short
+            await self._task
             self._task = None
         await self.flush(replay=False)
         self.spool.close()
@@ -199,26 +209,30 @@ class Recorder:
     # The background task, on the event loop.
 
     async def _run(self) -> None:
-        while True:
+        self._is_replaying = self.spool.has_lines()  # an earlier run's spool, first
+        while not self._is_closed:
             try:
                 await self._next_batch()
                 async with self._write_lock:
-                    await self._step(replay=True)
-            except asyncio.CancelledError:
-                raise
+                    await self._step(replay=not self._is_closed)
             except Exception:  # a bug must not end recording: log, and go on
                 log.exception("the call recorder's writer failed a step")
                 await asyncio.sleep(self.flush_interval_s)
 
     async def _next_batch(self) -> None:
-        """Wait for a record (or, with lines spooled, for the next retry), then up to the flush
-        interval for a full batch."""
+        """Wait for a record (not while a replay is under way; with lines spooled and the
+        database down, until the next retry), then up to the flush interval for a full batch."""
+        if self._is_closed:
+            return
         if not self._queue and not self._overflow:
+            if self._is_replaying:
+                await asyncio.sleep(0)  # one chunk a step: calls queued meanwhile go in between
+                return
             self._wake.clear()
             timeout = self.retry_interval_s if self.spool.has_lines() else None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout)
-        if len(self._queue) < self.batch_size and not self._overflow:
+        if self._queue and len(self._queue) < self.batch_size and not self._overflow:
             self._full.clear()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._full.wait(), self.flush_interval_s)
@@ -228,25 +242,35 @@ class Recorder:
         spill = _take(self._overflow, self.batch_size)
         await asyncio.to_thread(self._write_step, batch, spill, replay)
 
+    def _is_database_up(self) -> bool:
+        """Up, or down long enough ago to try again: while it is down, batches go straight to
+        the spool instead of each waiting for a connection to fail."""
+        failed_at = self._failed_at
+        return failed_at is None or time.monotonic() - failed_at >= self.retry_interval_s
+
     # The writer, on a worker thread: one step at a time (the write lock).
 
     def _write_step(self, batch: list[CallRecord], spill: list[CallRecord], replay: bool) -> None:
         if spill:
             self._spool_rows(self._rows(spill))
         rows = self._rows(batch)
-        if rows:
-            self._is_database_up = self._write_rows(rows, counter="recorded")
-        elif replay and self.spool.has_lines():
-            self._is_database_up = True  # probe: a replay attempt tells
-        if replay and self._is_database_up:
-            self._replay_chunk()
+        if rows and self._is_database_up():
+            self._write_rows(rows, counter="recorded")
+        elif rows:
+            self._spool_rows(rows)
+        self._is_replaying = False
+        if replay and self._is_database_up() and self.spool.has_lines():
+            self._is_replaying = self._replay_chunk() and self.spool.has_lines()
 
     def _rows(self, records: Iterable[CallRecord]) -> list[Row]:
         """The records' rows, redacted; a record that cannot be made one is dropped, counted."""
         rows = []
         for record in records:
+            # Redacting holds the GIL; giving it up between records lets the event loop in at
+            # once, instead of after the interpreter's 5 ms switch interval.
+            time.sleep(0)
             try:
-                rows.append(interaction_row(record))
+                rows.append(interaction_row(record, self._spans))
             except Exception:  # a malformed record must not lose the rest of its batch
                 log.exception("could not make a call record an interaction row")
                 self._drop("unexpected", 1)
@@ -256,36 +280,28 @@ class Recorder:
         """Write `rows` in one transaction; spool them when the database cannot. Whether the
         database took them."""
         try:
-            inserted, foreign = self._insert(rows)
-        except (IntegrityError, DataError):
-            try:
-                inserted, foreign = self._insert_one_by_one(rows)
-            except SQLAlchemyError as error:
-                return self._database_down(rows, error)
-        except SQLAlchemyError as error:
-            return self._database_down(rows, error)
-        self._count(counter, inserted)
-        self._count("duplicates", len(rows) - foreign - inserted)
+            stored = self._store(rows)
+        except Exception as error:  # the database is down, or something else broke: keep them
+            log.warning("could not write %d call records; spooling them: %s", len(rows), error)
+            self._failed_at = time.monotonic()
+            self._spool_rows(rows)
+            return False
+        self._failed_at = None
+        self._count_stored(stored, len(rows), counter=counter)
         return True
 
-    def _database_down(self, rows: list[Row], error: Exception) -> bool:
-        log.warning("the database refused %d call records; spooling them: %s", len(rows), error)
-        self._spool_rows(rows)
-        return False
-
-    def _insert(self, rows: list[Row]) -> tuple[int, int]:
-        """(inserted, dropped as another tenant's domain), in one transaction."""
-        with self.sessions() as session, session.begin():
-            kept = _tenants_own(session, rows)
-            inserted = insert_ignoring_conflicts(session, INTERACTIONS, kept)
-        foreign = len(rows) - len(kept)
-        self._drop("foreign_domain", foreign)
-        return len(inserted), foreign
-
-    def _insert_one_by_one(self, rows: list[Row]) -> tuple[int, int]:
-        """The rows the database accepts, each in a savepoint of one transaction; the refused
-        ones are dropped and counted."""
-        inserted = refused = 0
+    def _store(self, rows: list[Row]) -> _Stored:
+        """Write `rows` in one transaction, set-based; when the database refuses the batch for
+        its data, again in one transaction, row by row (each in a savepoint), leaving out the
+        refused ones. Raises what a database that is down raises."""
+        try:
+            with self.sessions() as session, session.begin():
+                kept = _tenants_own(session, rows)
+                inserted = len(insert_ignoring_conflicts(session, INTERACTIONS, kept))
+            return _Stored(inserted, len(rows) - len(kept))
+        except (IntegrityError, DataError):
+            pass
+        refused = inserted = 0
         with self.sessions() as session, session.begin():
             kept = _tenants_own(session, rows)
             for row in kept:
@@ -295,17 +311,21 @@ class Recorder:
                 except (IntegrityError, DataError) as error:
                     log.error("the database refused call record %s: %s", row["id"], error)
                     refused += 1
-        foreign = len(rows) - len(kept)
-        self._drop("foreign_domain", foreign)
-        self._drop("refused", refused)
-        return inserted, foreign + refused
+        return _Stored(inserted, len(rows) - len(kept), refused)
+
+    def _count_stored(self, stored: _Stored, submitted: int, *, counter: str) -> None:
+        self._count(counter, stored.inserted)
+        self._count("duplicates", submitted - stored.inserted - stored.foreign - stored.refused)
+        self._drop("foreign_domain", stored.foreign)
+        self._drop("refused", stored.refused)
 
     def _spool_rows(self, rows: list[Row]) -> None:
         try:
-            appended = self.spool.append([_spool_line(row) for row in rows])
+            appended = self.spool.append([encode_row(row) for row in rows])
         except OSError:
             log.exception("could not spool %d call records", len(rows))
-            appended = 0
+            self._drop("spool_failed", len(rows))
+            return
         self._count("spooled", appended)
         self._drop("spool_full", len(rows) - appended)
 
@@ -314,17 +334,17 @@ class Recorder:
         chunk = self.spool.next_chunk(self.batch_size)
         if chunk is None:
             return False
-        rows, torn = _parse_lines(chunk.lines)
-        self._drop("torn", chunk.torn + torn)
+        rows, torn = decode_rows(chunk.lines, ROW_COLUMNS)
         if rows:
             try:
-                inserted, foreign = self._insert(rows)
-            except SQLAlchemyError as error:
+                stored = self._store(rows)
+            except Exception as error:  # still down: the chunk stays, for the next attempt
                 log.warning("replaying the spool failed; it stays for later: %s", error)
-                self._is_database_up = False
+                self._failed_at = time.monotonic()
                 return False
-            self._count("replayed", inserted)
-            self._count("duplicates", len(rows) - foreign - inserted)
+            self._failed_at = None
+            self._count_stored(stored, len(rows), counter="replayed")
+        self._drop("torn", chunk.torn + torn)
         self.spool.done(chunk)
         return True
 
@@ -338,6 +358,13 @@ class Recorder:
             with self._counts_lock:
                 self.dropped[reason] += amount
             log.warning("dropped %d call records (%s)", amount, reason)
+
+
+@dataclass(frozen=True)
+class _Stored:
+    inserted: int
+    foreign: int  # left out: the record's domain is not its tenant's
+    refused: int = 0  # left out: the database refused the row for its data
 
 
 def _take(queue: deque[CallRecord], limit: int) -> list[CallRecord]:
@@ -355,10 +382,11 @@ def _tenants_own(session: Session, rows: list[Row]) -> list[Row]:
 # Rows: redacted, as written and as spooled.
 
 
-def interaction_row(record: CallRecord) -> Row:
-    """The `interactions` row of a call: its texts redacted, the report in its metadata."""
+def interaction_row(record: CallRecord, spans: Callable[[str], list[Span]] = find_spans) -> Row:
+    """The `interactions` row of a call: its texts redacted (`spans` finds what to replace: a
+    `SpanCache` remembers), the report in its metadata."""
     messages_json = orjson.dumps(record.messages).decode()
-    redactor = _Redactor(group_key_of(messages_json))
+    redactor = _Redactor(group_key_of(messages_json), spans)
     messages = [map_texts(message, redactor) for message in record.messages]
     response = redactor(record.response)
     tool_calls = _redacted_tool_calls(record.response_tool_calls, redactor)
@@ -396,16 +424,40 @@ def interaction_row(record: CallRecord) -> Row:
     }
 
 
+class SpanCache:
+    """`find_spans` of texts seen lately: a chat resends its whole history with every turn, so
+    most texts of a call were scanned before. Keyed by a digest of the text, never the text
+    (no PII kept in memory); emptied when it holds `size` entries. One thread at a time."""
+
+    def __init__(self, size: int = 50_000) -> None:
+        self.size = size
+        self._found: dict[bytes, list[Span]] = {}
+
+    def __call__(self, text: str) -> list[Span]:
+        key = hashlib.blake2b(text.encode(), digest_size=16).digest()
+        found = self._found.get(key)
+        if found is None:
+            if len(self._found) >= self.size:
+                self._found.clear()
+            found = self._found[key] = find_spans(text)
+        return found
+
+
 class _Redactor:
     """`redact` on each text of one call, in the scope of its conversation, summing counts."""
 
-    def __init__(self, scope: str) -> None:
-        self.scope = scope
+    def __init__(self, scope: str, spans: Callable[[str], list[Span]]) -> None:
+        self.spans = spans
+        self.surrogates = Surrogates(redaction_key(), scope)
         self.counts: Counter[str] = Counter()
 
     def __call__(self, text: str) -> str:
         # NUL cannot be stored in PostgreSQL text or JSONB, and means nothing in a conversation.
-        redaction = redact(text.replace("\x00", ""), scope=self.scope)
+        text = text.replace("\x00", "")
+        spans = self.spans(text)
+        if not spans:
+            return text
+        redaction = apply(text, spans, self.surrogates)
         self.counts.update(redaction.counts)
         return redaction.text
 
@@ -422,33 +474,8 @@ def _redacted_tool_calls(
     return redacted
 
 
-def _spool_line(row: Row) -> bytes:
-    return orjson.dumps(row)
-
-
-UUID_COLUMNS = ("id", "tenant_id", "domain_id")
 # The columns `interaction_row` fills: every one of `interactions`.
 ROW_COLUMNS = frozenset(INTERACTIONS.c.keys())
-
-
-def _parse_lines(lines: Sequence[bytes]) -> tuple[list[Row], int]:
-    """The rows of spooled lines, and how many lines were not rows (torn by a crash)."""
-    rows: list[Row] = []
-    for line in lines:
-        try:
-            rows.append(_parse_row(orjson.loads(line)))
-        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError):
-            continue
-    return rows, len(lines) - len(rows)
-
-
-def _parse_row(row: Row) -> Row:
-    for column in UUID_COLUMNS:
-        row[column] = uuid.UUID(row[column])
-    row["created_at"] = datetime.fromisoformat(row["created_at"])
-    if row.keys() != ROW_COLUMNS:
-        raise ValueError("not an interaction row of this version")
-    return row
 
 
 class RecorderCollector:

@@ -21,10 +21,15 @@ from __future__ import annotations
 
 import fcntl
 import os
+import uuid
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
+from typing import Any
+
+import orjson
 
 MIB = 1024 * 1024
 
@@ -183,3 +188,35 @@ def _fsync_directory(path: Path) -> None:
         os.fsync(descriptor)
     finally:
         os.close(descriptor)
+
+
+# Lines: one interaction row each, as orjson writes it (ids and times as strings).
+
+UUID_COLUMNS = ("id", "tenant_id", "domain_id")
+
+
+def encode_row(row: dict[str, Any]) -> bytes:
+    return orjson.dumps(row)
+
+
+def decode_rows(
+    lines: Sequence[bytes], columns: frozenset[str]
+) -> tuple[list[dict[str, Any]], int]:
+    """The rows of spooled lines, and how many lines were not rows with exactly `columns`
+    (cut short by a crash, or written by a version with other columns)."""
+    rows: list[dict[str, Any]] = []
+    for line in lines:
+        try:
+            rows.append(_decode_row(orjson.loads(line), columns))
+        except (orjson.JSONDecodeError, KeyError, TypeError, ValueError, AttributeError):
+            continue
+    return rows, len(lines) - len(rows)
+
+
+def _decode_row(row: dict[str, Any], columns: frozenset[str]) -> dict[str, Any]:
+    if row.keys() != columns:
+        raise ValueError("not an interaction row of this version")
+    for column in UUID_COLUMNS:
+        row[column] = uuid.UUID(row[column])
+    row["created_at"] = datetime.fromisoformat(row["created_at"])
+    return row

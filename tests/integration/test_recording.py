@@ -20,6 +20,7 @@ from typing import Any
 
 import orjson
 import pytest
+from fastapi.testclient import TestClient
 from prometheus_client import CollectorRegistry, generate_latest
 from sqlalchemy import create_engine, event, select
 from sqlalchemy.engine import Engine
@@ -27,8 +28,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import make_session_factory
 from flywheel.inference.recording import CallRecord, Recorder, recorder_collector
+from flywheel.inference.spool import Spool
 from flywheel.models import Interaction
 from flywheel.settings import Settings
+from flywheel.signals.compile.items import Texts, group_key_of
+from flywheel.signals.message_texts import map_texts
 from tests.conftest import Caller, count_rows
 
 pytestmark = pytest.mark.commits("the recorder writes from worker threads, in its own transactions")
@@ -258,6 +262,11 @@ def test_texts_are_redacted_before_they_are_written(
     assert set(arguments_stored) == {"token", "account"}
     assert arguments_stored["account"] == 7
     assert stored.messages[0]["content"].startswith("Send the invoice to ")
+    # Exactly what the feedback compiler stores for this conversation and response.
+    texts, group_key = Texts(), group_key_of(orjson.dumps(messages).decode())
+    compiled = [map_texts(message, lambda raw: texts(raw, group_key).text) for message in messages]
+    assert stored.messages == compiled
+    assert stored.response == texts(record.response, group_key).text
     # The same address is the same surrogate within the call, in the prompt and the response.
     surrogate = stored.messages[0]["content"].removeprefix("Send the invoice to ").split()[0]
     assert surrogate in stored.response
@@ -376,3 +385,256 @@ def test_a_full_spool_drops_and_counts(
     )
     assert f"flywheel_gateway_records_spooled_total {counters['spooled']}.0" in scraped
     assert f"flywheel_gateway_spool_bytes {counters['spool_bytes']}.0" in scraped
+
+
+def test_a_crash_mid_replay_loses_nothing_and_writes_nothing_twice(
+    sessions: sessionmaker[Session],
+    down: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    records = [call(acme, domain_id, response=f"answer {n}") for n in range(5)]
+    spool = Spool(recorder_settings.resolved_gateway_spool_path, 1 << 20)
+
+    async def outage() -> None:
+        recorder = Recorder(down, recorder_settings)
+        await recorder.start()
+        for record in records:
+            recorder.submit(record)
+        await recorder.aclose()
+
+    async def crashes_after_one_chunk() -> dict[str, int]:
+        # Writes the first chunk of 2 and dies before the rest: the claimed file stays, and a
+        # dead process holds no lock (closing its descriptor is what dying does to a flock).
+        recorder = Recorder(sessions, recorder_settings, batch_size=2)
+        assert await asyncio.to_thread(recorder._replay_chunk)
+        recorder.spool.close()
+        return recorder.counters
+
+    async def restarts() -> dict[str, int]:
+        recorder = Recorder(sessions, recorder_settings, batch_size=2)
+        await recorder.start()
+        await recorder.flush()
+        await recorder.aclose()
+        return recorder.counters
+
+    run(outage())
+    crashed = run(crashes_after_one_chunk())
+    assert crashed["replayed"] == 2
+    assert spool.replaying.exists()  # mid-replay: the claimed file is still there
+    assert count_rows(sessions, "interactions") == 2
+    after = run(restarts())
+    assert after["replayed"] == 3  # the 2 already written are skipped by their id
+    assert after["duplicates"] == 2
+    assert not spool.replaying.exists()
+    assert not spool.path.exists()
+    assert sorted(row.response for row in rows(sessions)) == [f"answer {n}" for n in range(5)]
+
+
+def test_a_torn_last_line_is_counted_and_the_rest_replayed(
+    sessions: sessionmaker[Session],
+    down: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    path = recorder_settings.resolved_gateway_spool_path
+
+    async def outage() -> None:
+        recorder = Recorder(down, recorder_settings)
+        await recorder.start()
+        recorder.submit(call(acme, domain_id))
+        await recorder.aclose()
+
+    run(outage())
+    with path.open("ab") as handle:  # a crash in the middle of an append
+        handle.write(b'{"id": "a')
+    run(outage())  # the next append starts on a line of its own
+
+    async def replay() -> Recorder:
+        recorder = Recorder(sessions, recorder_settings)
+        await recorder.start()
+        await recorder.flush()
+        await recorder.aclose()
+        return recorder
+
+    recorder = run(replay())
+    assert recorder.counters["replayed"] == 2
+    assert recorder.dropped["torn"] == 1
+    assert count_rows(sessions, "interactions") == 2
+
+
+def test_a_full_queue_sends_calls_to_the_spool_and_past_that_drops(
+    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+) -> None:
+    async def scenario() -> Recorder:
+        recorder = Recorder(sessions, recorder_settings, queue_size=5, batch_size=5)
+        await recorder.start()
+        for _ in range(12):  # no await in between: the writer cannot take any yet
+            recorder.submit(call(acme, domain_id))
+        assert recorder.counters["queue_depth"] == 10
+        await recorder.flush()
+        await recorder.aclose()
+        return recorder
+
+    recorder = run(scenario())
+    counters = recorder.counters
+    assert (counters["recorded"], counters["spooled"], counters["replayed"]) == (5, 5, 5)
+    assert counters["dropped"] == recorder.dropped["queue_full"] == 2
+    assert count_rows(sessions, "interactions") == 10
+
+
+def test_aclose_writes_everything_queued(
+    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+) -> None:
+    async def scenario() -> dict[str, int]:
+        recorder = Recorder(sessions, recorder_settings, batch_size=1000, flush_interval_ms=60_000)
+        await recorder.start()
+        for _ in range(50):
+            recorder.submit(call(acme, domain_id))
+        await asyncio.sleep(0.05)  # the writer is waiting for a full batch
+        assert count_rows(sessions, "interactions") == 0
+        await recorder.aclose()
+        recorder.submit(call(acme, domain_id))  # too late: dropped, counted, no error
+        return recorder.counters
+
+    counters = run(scenario())
+    assert counters["recorded"] == 50
+    assert counters["dropped"] == 1
+    assert count_rows(sessions, "interactions") == 50
+
+
+def test_a_record_never_lands_under_another_tenant(
+    sessions: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    globex: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    mine = call(acme, domain_id)
+    forged = call(globex, domain_id)  # globex's tenant, acme's domain
+    unknown = call(acme, uuid.uuid4())
+
+    async def scenario() -> Recorder:
+        recorder = Recorder(sessions, recorder_settings)
+        await recorder.start()
+        for record in (mine, forged, unknown):
+            recorder.submit(record)
+        await recorder.aclose()
+        return recorder
+
+    recorder = run(scenario())
+    assert recorder.counters["recorded"] == 1
+    assert recorder.dropped["foreign_domain"] == 2
+    assert [row.id for row in rows(sessions)] == [mine.interaction_id]
+
+
+def test_a_row_the_database_refuses_is_dropped_alone(
+    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+) -> None:
+    good = [call(acme, domain_id) for _ in range(3)]
+    bad = call(acme, domain_id, release_role="canary")  # not a role: the check refuses it
+
+    async def scenario() -> Recorder:
+        recorder = Recorder(sessions, recorder_settings)
+        await recorder.start()
+        for record in (good[0], bad, *good[1:]):
+            recorder.submit(record)
+        await recorder.aclose()
+        return recorder
+
+    recorder = run(scenario())
+    assert recorder.counters["recorded"] == 3
+    assert recorder.dropped["refused"] == 1
+    assert recorder.counters["spooled"] == 0
+    assert {row.id for row in rows(sessions)} == {record.interaction_id for record in good}
+
+
+def test_feedback_before_the_row_is_written_is_404_then_201(
+    client: TestClient, sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller
+) -> None:
+    domain_id = domain_id_of(sessions, acme)
+    record = call(acme, domain_id)
+    feedback = {
+        "interaction_id": str(record.interaction_id),
+        "kind": "rating",
+        "value": {"thumbs": "up"},
+    }
+
+    async def scenario() -> tuple[int, int]:
+        recorder = Recorder(sessions, recorder_settings, flush_interval_ms=60_000)
+        await recorder.start()
+        recorder.submit(record)
+        early = client.post("/v1/feedback", json=feedback, headers=acme.headers)
+        await recorder.flush()
+        late = client.post("/v1/feedback", json=feedback, headers=acme.headers)
+        await recorder.aclose()
+        assert early.json()["error"]["code"] == "not_found"
+        return early.status_code, late.status_code
+
+    assert run(scenario()) == (404, 201)
+
+
+def test_each_registry_gets_its_own_collector(
+    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+) -> None:
+    async def scenario() -> Recorder:
+        recorder = Recorder(sessions, recorder_settings)
+        await recorder.start()
+        recorder.submit(call(acme, domain_id))
+        await recorder.aclose()
+        return recorder
+
+    first, second = run(scenario()), run(scenario())
+    scraped = []
+    for recorder in (first, second):  # two app instances in one process: no clash
+        registry = CollectorRegistry()
+        registry.register(recorder_collector(recorder))
+        scraped.append(generate_latest(registry).decode())
+    for text in scraped:
+        assert "flywheel_gateway_records_recorded_total 1.0" in text
+        assert "flywheel_gateway_record_queue_depth 0.0" in text
+        assert 'flywheel_gateway_records_dropped_total{reason="spool_full"} 0.0' in text
+
+
+def test_while_the_database_is_down_batches_skip_it_until_the_next_retry(
+    sessions: sessionmaker[Session],
+    down: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    attempts: list[int] = []
+
+    def count_attempt(*_args: object) -> None:
+        attempts.append(1)
+
+    async def scenario() -> dict[str, int]:
+        recorder = Recorder(
+            down, recorder_settings, batch_size=2, flush_interval_ms=1, retry_interval_s=600
+        )
+        await recorder.start()
+        for _ in range(2):
+            recorder.submit(call(acme, domain_id))
+        await recorder.flush()  # tries the database: down
+        tried = len(attempts)
+        for _ in range(6):
+            recorder.submit(call(acme, domain_id))
+        for _ in range(200):  # the background writer takes three more batches
+            if recorder.counters["spooled"] == 8:
+                break
+            await asyncio.sleep(0.01)
+        assert len(attempts) == tried  # straight to the spool: no connection tried
+        await recorder.aclose()
+        return recorder.counters
+
+    engine = down.kw["bind"]
+    event.listen(engine, "do_connect", count_attempt)
+    try:
+        counters = run(scenario())
+    finally:
+        event.remove(engine, "do_connect", count_attempt)
+    assert attempts
+    assert counters["spooled"] == 8
+    assert counters["recorded"] == counters["dropped"] == 0

@@ -123,8 +123,12 @@ def prompts(rows: Iterable[Row], texts: Texts) -> Iterator[Prompt]:
 
 
 def group_key_of(messages_json: str) -> str:
-    """The `group_key` the compiler gives the items of this conversation (JSON text)."""
-    return _prompt(messages_json, Texts()).group_key
+    """The `group_key` the compiler gives the items of this conversation (JSON text): the
+    digest of the conversation as sent, normalised, as `_prompt` computes it before it redacts
+    (so without redacting: the gateway's recorder asks for it on every call)."""
+    texts = Texts()
+    normal = [_normal_json(message, texts) for message in orjson.loads(messages_json)]
+    return messages_digest("prompt", orjson.dumps(normal))
 
 
 def _prompt(messages_json: str, texts: Texts) -> Prompt:
