@@ -70,7 +70,7 @@ class ChatRequest(StrictModel):
     )
     response_format: ResponseFormat | None = None
     metadata: Metadata | None = Field(
-        default=None, description="Recorded with the interaction; not sent upstream."
+        default=None, description="OpenAI's request metadata: accepted, not sent upstream."
     )
 
     @property
