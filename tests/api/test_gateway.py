@@ -497,6 +497,7 @@ def test_malformed_requests_are_422_and_reach_no_upstream(
     assert gateway.chats() == []
 
 
+@pytest.mark.parametrize("stream", [False, True])
 @pytest.mark.parametrize(
     ("fault", "status", "kind"),
     [("status=500", 502, "upstream_error"), ("hang", 504, "timeout")],
@@ -508,10 +509,11 @@ def test_upstream_failures_are_502_or_504_and_recorded_failed(
     fault: str,
     status: int,
     kind: str,
+    stream: bool,
 ) -> None:
-    with pytest.raises(openai.APIStatusError) as raised:
+    with pytest.raises(openai.APIStatusError) as raised:  # a stream: before its first chunk
         gateway.client(caller.key).chat.completions.create(
-            model="billing", messages=ask(f"fail [standin:{fault}]")
+            model="billing", messages=ask(f"fail [standin:{fault}]"), stream=stream
         )
     assert raised.value.status_code == status
     assert error_of(raised.value)["code"] == kind
