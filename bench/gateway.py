@@ -13,6 +13,11 @@ the median round's ratio counts.
    time from sending the request to the first body byte, gateway - direct (goal <= 2 ms).
 
     python -m bench.gateway [--duration-s 5] [--rounds 3] [--connections 16] [--streams 300]
+                            [--upstream-delay-ms 0]
+
+`--upstream-delay-ms` makes the stand-in wait that long before each answer, as a model would:
+with no delay the stand-in (a bare ASGI app) answers in ~50 us, so the ratio measures the
+gateway's own per-request cost against next to nothing.
 
 Needs PostgreSQL (FLYWHEEL_TEST_POSTGRES_URL, as the tests) and `wrk`. Prints the three
 numbers; asserts nothing: machines here are shared and noisy.
@@ -197,6 +202,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--connections", type=int, default=16)
     parser.add_argument("--streams", type=int, default=300)
+    parser.add_argument("--upstream-delay-ms", type=float, default=0.0)
     args = parser.parse_args()
     if shutil.which("wrk") is None:
         sys.exit("error: this benchmark needs wrk: apt-get install wrk")
@@ -213,6 +219,7 @@ def run(database_url: str, key: str, args: argparse.Namespace) -> None:
     env = {**os.environ, "FLYWHEEL_DATABASE_URL": database_url}
     env |= {"FLYWHEEL_RATE_LIMIT_PER_S": "1000000", "FLYWHEEL_RATE_LIMIT_BURST": "1000000"}
     standin_command = [sys.executable, "-m", "flywheel.inference.standin", "--port", "0"]
+    standin_command += ["--delay-ms", str(args.upstream_delay_ms)]
     with (
         tempfile.TemporaryDirectory() as home,
         process(standin_command, env, r"listening on (http://\S+)") as standin,
