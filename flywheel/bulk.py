@@ -51,8 +51,12 @@ def _copy_ignoring_conflicts(
     names = ", ".join(columns)
     staging = f"staging_{table.name}"
     # Temporary tables are per connection; the pool reuses connections, so it is made once.
+    # With the table's defaults: rows may leave out a NOT NULL column that has one.
     session.execute(
-        text(f"CREATE TEMP TABLE IF NOT EXISTS {staging} (LIKE {table.name}) ON COMMIT DELETE ROWS")
+        text(
+            f"CREATE TEMP TABLE IF NOT EXISTS {staging} (LIKE {table.name} INCLUDING DEFAULTS) "
+            "ON COMMIT DELETE ROWS"
+        )
     )
     session.execute(text(f"TRUNCATE {staging}"))
     is_json = [isinstance(table.c[column].type, JSON) for column in columns]

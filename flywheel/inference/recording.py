@@ -34,6 +34,11 @@ time, idempotently by id. A batch the database refuses for its data (an integrit
 error) is written row by row in the same transaction, each row in a savepoint, and only the
 refused rows are dropped and counted.
 
+What is only in memory (the queue, a batch being written) dies with the process; `aclose()`,
+on shutdown, writes or spools all of it. The gateway starts the recorder in its lifespan
+(`await recorder.start()`), closes it there (`await recorder.aclose()`), and registers
+`recorder_collector(recorder)` in its own metrics registry.
+
 Counters (`.counters`, and `recorder_collector(recorder)` for a Prometheus registry):
 recorded, spooled, replayed, dropped (by reason in `.dropped`), duplicates (ids already
 stored), spool_bytes, queue_depth.
@@ -159,7 +164,7 @@ class Recorder:
         """Queue `record`: O(1), never blocks, never raises."""
         try:
             if self._is_closed:
-                self._drop("closed", 1)
+                self._drop("closed", 1, quiet=True)
             elif len(self._queue) < self.queue_size:
                 self._queue.append(record)
                 if len(self._queue) >= self.batch_size:
@@ -168,11 +173,11 @@ class Recorder:
                 self._overflow.append(record)
                 self._full.set()
             else:
-                self._drop("queue_full", 1)  # the spool's queue is full too
+                self._drop("queue_full", 1, quiet=True)  # the spool's queue is full too
             self._wake.set()
         except Exception:  # never let recording fail a call
             log.exception("could not queue a call record")
-            self._drop("unexpected", 1)
+            self._drop("unexpected", 1, quiet=True)
 
     async def flush(self, *, replay: bool = True) -> None:
         """Write (or spool) everything submitted so far, trying the database even if it was
@@ -353,11 +358,14 @@ class Recorder:
             with self._counts_lock:
                 self._counts[name] += amount
 
-    def _drop(self, reason: str, amount: int) -> None:
+    def _drop(self, reason: str, amount: int, *, quiet: bool = False) -> None:
+        """Count dropped records; logged unless `quiet` (a call's own path: an overloaded
+        gateway would log once per call; the counters tell)."""
         if amount:
             with self._counts_lock:
                 self.dropped[reason] += amount
-            log.warning("dropped %d call records (%s)", amount, reason)
+            if not quiet:
+                log.warning("dropped %d call records (%s)", amount, reason)
 
 
 @dataclass(frozen=True)

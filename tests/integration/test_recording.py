@@ -621,7 +621,7 @@ def test_while_the_database_is_down_batches_skip_it_until_the_next_retry(
         tried = len(attempts)
         for _ in range(6):
             recorder.submit(call(acme, domain_id))
-        for _ in range(200):  # the background writer takes three more batches
+        for _ in range(1000):  # the background writer takes three more batches
             if recorder.counters["spooled"] == 8:
                 break
             await asyncio.sleep(0.01)
@@ -638,3 +638,57 @@ def test_while_the_database_is_down_batches_skip_it_until_the_next_retry(
     assert attempts
     assert counters["spooled"] == 8
     assert counters["recorded"] == counters["dropped"] == 0
+
+
+def test_interactions_posted_through_the_api_are_ok_with_no_release_role(
+    client: TestClient, sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    body = {"domain": "billing", "messages": [{"role": "user", "content": "p"}], "response": "r"}
+    posted = client.post("/v1/interactions", json=body, headers=acme.headers)
+    assert posted.status_code == 201
+    (stored,) = rows(sessions)
+    assert (stored.status, stored.release_role, stored.end_user, stored.latency_ms) == (
+        "ok",
+        None,
+        None,
+        None,
+    )
+
+
+@pytest.mark.no_database
+def test_the_spool_settings(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("FLYWHEEL_HOME", str(tmp_path))
+    monkeypatch.delenv("FLYWHEEL_GATEWAY_SPOOL_PATH", raising=False)
+    monkeypatch.delenv("FLYWHEEL_GATEWAY_SPOOL_MAX_MB", raising=False)
+    defaults = Settings()
+    assert defaults.resolved_gateway_spool_path == tmp_path / "gateway-spool.jsonl"
+    assert defaults.gateway_spool_max_mb == 256
+    monkeypatch.setenv("FLYWHEEL_GATEWAY_SPOOL_PATH", str(tmp_path / "elsewhere.jsonl"))
+    monkeypatch.setenv("FLYWHEEL_GATEWAY_SPOOL_MAX_MB", "0.5")
+    configured = Settings()
+    assert configured.resolved_gateway_spool_path == tmp_path / "elsewhere.jsonl"
+    recorder = Recorder(sessionmaker(create_engine("sqlite://")), configured)
+    assert recorder.spool.path == tmp_path / "elsewhere.jsonl"
+    assert recorder.spool.max_bytes == 512 * 1024
+
+
+@pytest.mark.no_database
+def test_two_processes_sharing_a_spool_never_replay_it_both(tmp_path: Path) -> None:
+    # Two Spool objects hold their own descriptors, as two worker processes would: flock
+    # excludes the second from a replay the first has claimed.
+    path = tmp_path / "spool.jsonl"
+    first, second = Spool(path, 1 << 20), Spool(path, 1 << 20)
+    assert first.append([b'{"n": 1}', b'{"n": 2}']) == 2
+    chunk = first.next_chunk(10)
+    assert chunk is not None
+    assert chunk.lines == [b'{"n": 1}', b'{"n": 2}']
+    assert second.next_chunk(10) is None  # claimed by the first
+    assert second.append([b'{"n": 3}']) == 1  # goes to a fresh file, not the claimed one
+    first.done(chunk)
+    assert not first.replaying.exists()
+    again = second.next_chunk(10)
+    assert again is not None
+    assert again.lines == [b'{"n": 3}']
+    second.done(again)
+    assert not path.exists()
+    assert first.size_bytes() == second.size_bytes() == 0
