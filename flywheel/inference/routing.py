@@ -224,33 +224,31 @@ class Adapters:
         self._locks: dict[str, asyncio.Lock] = {}
 
     async def adapter(self, version: ServedVersion | None) -> Adapter | None:
+        """The version's adapter, its files here and the backend told of it. The backend is
+        asked every time (a set lookup once loaded): an upstream that restarted and lost its
+        adapters makes it load them again."""
         if version is None:
             return None
-        name = version.adapter_name
-        ready = self._ready.get(name)
-        if ready is not None:
-            return ready
-        lock = self._locks.setdefault(name, asyncio.Lock())
-        async with lock:
-            if name not in self._ready:
-                self._ready[name] = await self._prepare(version)
-        return self._ready[name]
+        adapter = self._ready.get(version.adapter_name)
+        if adapter is None:
+            lock = self._locks.setdefault(version.adapter_name, asyncio.Lock())
+            async with lock:
+                adapter = self._ready.get(version.adapter_name) or await self._fetch(version)
+                self._ready[version.adapter_name] = adapter
+        await self._backend.ensure_adapter(adapter)
+        return adapter
 
-    async def _prepare(self, version: ServedVersion) -> Adapter:
+    async def _fetch(self, version: ServedVersion) -> Adapter:
         name = version.adapter_name
         if not self._is_dynamic:  # the upstream serves it already: the backend checks it does
-            adapter = Adapter(name, self._root / name)
-            await self._backend.ensure_adapter(adapter)
-            return adapter
+            return Adapter(name, self._root / name)
         try:
             path = await asyncio.to_thread(self._download, version)
         except Exception as error:  # any MLflow or file failure: the call cannot be served
             first = str(error).strip().splitlines()[0] if str(error).strip() else ""
             message = f"adapter {name} could not be fetched from the registry: {first[:200]}"
             raise BackendError("unavailable", message) from error
-        adapter = Adapter(name, path)
-        await self._backend.ensure_adapter(adapter)
-        return adapter
+        return Adapter(name, path)
 
     def _download(self, version: ServedVersion) -> Path:
         final = self._root / version.adapter_name

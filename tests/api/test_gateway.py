@@ -275,6 +275,23 @@ def test_the_champion_answers_with_its_adapter_downloaded_and_loaded_once(
         assert row.end_user == str(caller.key_id)  # no `user`, no header: the key
 
 
+def test_an_upstream_that_lost_its_adapters_gets_them_loaded_again(
+    gateway: Served, sessions: sessionmaker[Session], caller: Caller, tmp_path: Path
+) -> None:
+    register(gateway, sessions, caller, tmp_path, "first")
+    promote(gateway, sessions, caller, "1")
+    client = gateway.client(caller.key)
+    client.chat.completions.create(model="billing", messages=ask("hi"))
+    gateway.standin.app.adapters.clear()  # the upstream restarted
+    with pytest.raises(openai.APIStatusError) as raised:
+        client.chat.completions.create(model="billing", messages=ask("hi"))
+    assert raised.value.status_code == 502
+    answer = client.chat.completions.create(model="billing", messages=ask("hi"))
+    assert answer.choices[0].message.content == "reply from acme.billing-v1 to: hi"
+    assert [load["lora_name"] for load in gateway.loads()] == ["acme.billing-v1"] * 2
+    assert [row.status for row in rows(gateway, sessions)] == ["ok", "failed", "ok"]
+
+
 def test_feedback_on_a_served_call_goes_through_the_rest_api(
     gateway: Served, sessions: sessionmaker[Session], caller: Caller
 ) -> None:
