@@ -11,6 +11,9 @@ the median round's ratio counts.
 2. Added p50 latency: `wrk` with one connection; gateway p50 - direct p50 (goal <= 2 ms).
 3. Added time to first streamed byte: one client, sequential streamed completions; the median
    time from sending the request to the first body byte, gateway - direct (goal <= 2 ms).
+4. The gateway's own cost: its ASGI app called in this process (no sockets) with an in-memory
+   backend answering at once, recording on: microseconds per request. What (1)-(3) add beyond
+   it is the HTTP server and the upstream client.
 
     python -m bench.gateway [--duration-s 5] [--rounds 3] [--connections 16] [--streams 300]
                             [--upstream-delay-ms 0]
@@ -175,6 +178,77 @@ def measure(targets: tuple[Target, Target], args: argparse.Namespace) -> None:
     print(f"added time to first streamed byte: {ttfb:.2f} ms (goal <= 2 ms)")
 
 
+ANSWER = {
+    "id": "chatcmpl-1",
+    "object": "chat.completion",
+    "created": 1,
+    "model": BASE,
+    "choices": [
+        {"index": 0, "message": {"role": "assistant", "content": "ok"}, "finish_reason": "stop"}
+    ],
+    "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10},
+}
+
+
+class InstantBackend:
+    """A `ChatBackend` answering at once from memory (only for section 4)."""
+
+    base_model = BASE
+
+    async def ensure_adapter(self, adapter: object) -> None:
+        return None
+
+    async def complete(self, body: dict[str, object], adapter: object) -> dict[str, object]:
+        return {**ANSWER, "choices": [dict(ANSWER["choices"][0])]}  # type: ignore[index]
+
+    async def aclose(self) -> None:
+        return None
+
+
+def own_cost_us(database_url: str, key: str, calls: int = 3000) -> float:
+    import asyncio
+
+    from api.gateway import create_gateway_app
+    from flywheel.settings import Settings
+
+    with tempfile.TemporaryDirectory() as home:
+        settings = Settings(
+            database_url=database_url, home=home, rate_limit_per_s=1e6, rate_limit_burst=10**7
+        )
+        app = create_gateway_app(settings, backend=InstantBackend())  # type: ignore[arg-type]
+        body = Target("gateway", "", "billing", {}).body().encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"authorization", f"Bearer {key}".encode()),
+        ]
+        scope = {
+            "type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"},
+            "http_version": "1.1", "method": "POST", "scheme": "http",
+            "path": "/v1/chat/completions", "raw_path": b"/v1/chat/completions",
+            "query_string": b"", "root_path": "", "headers": headers,
+            "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 2),
+        }  # fmt: skip
+
+        async def receive() -> dict[str, object]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def send(message: dict[str, object]) -> None:
+            if message["type"] == "http.response.start" and message["status"] != 200:
+                raise RuntimeError(f"the gateway answered {message['status']}")
+
+        async def calls_us() -> float:
+            async with app.router.lifespan_context(app):
+                for _ in range(200):
+                    await app(dict(scope), receive, send)
+                started = time.perf_counter()
+                for _ in range(calls):
+                    await app(dict(scope), receive, send)
+                return (time.perf_counter() - started) / calls * 1e6
+
+        return asyncio.run(calls_us())
+
+
 def setup_database(database_url: str) -> str:
     migrate.upgrade(database_url)
     engine = create_engine(database_url)
@@ -209,6 +283,8 @@ def main() -> None:
     database_url = create_postgres_database()
     try:
         key = setup_database(database_url)
+        own_us = own_cost_us(database_url, key)
+        print(f"gateway's own cost (in process, no sockets): {own_us:.0f} us/request")
         run(database_url, key, args)
         print(f"interactions recorded: {count_interactions(database_url)}")
     finally:
