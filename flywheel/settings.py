@@ -273,6 +273,38 @@ class Settings(BaseSettings):
         "delay, not thousands per second.",
     )
 
+    # The OpenAI-compatible gateway (`flywheel gateway`): where calls go and how models route.
+    gateway_upstream_url: str | None = Field(
+        default=None,
+        description="The upstream's base URL, e.g. http://vllm.internal:8000/v1.",
+    )
+    gateway_upstream_key: SecretStr | None = Field(
+        default=None, description="Bearer key the upstream wants, if any."
+    )
+    gateway_base_model: str | None = Field(
+        default=None,
+        description="The upstream's name for the base model (a base call's `model`). Unset: "
+        "the first model the upstream lists.",
+    )
+    gateway_dynamic_lora: bool = Field(
+        default=True,
+        description="Download an adapter from the registry and load it into the upstream on "
+        "first use. Off: the upstream serves every adapter already, by its name "
+        "(<registered model>-v<version>).",
+    )
+    gateway_upstream_timeout_s: float = Field(
+        default=60.0,
+        gt=0,
+        description="How long the upstream may stay silent (before its answer, or between two "
+        "stream chunks) before the call fails with 504.",
+    )
+    gateway_route_cache_ttl_s: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a process reuses a domain's champion, challenger and release "
+        "config without asking the database: a promotion is served within this.",
+    )
+
 
 def _is_http_url(url: str) -> bool:
     from urllib.parse import urlsplit

@@ -22,6 +22,7 @@ from flywheel.cli import (
     dataset,
     doctor,
     evaluate,
+    gateway,
     models,
     redact,
     report,
@@ -67,6 +68,7 @@ def options(
 
 app.command("init")(server.init)
 app.command("serve")(server.serve)
+app.command("gateway")(gateway.gateway)
 app.command("verify")(verify.verify)
 app.command("redact")(redact.redact)
 app.command("compile")(signals.compile_command)

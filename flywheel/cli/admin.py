@@ -48,7 +48,7 @@ def create_key(
         ...,
         "--scopes",
         "-s",
-        help="Comma-separated: feedback:write, data:read, models:write, admin.",
+        help="Comma-separated: feedback:write, data:read, models:write, infer, admin.",
     ),
     name: str = typer.Option("", "--name", help="A label to recognise the key by."),
     as_json: bool = JsonOption,

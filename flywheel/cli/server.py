@@ -67,10 +67,19 @@ def serve(
     as_json: bool = JsonOption,
 ) -> None:
     """Run the REST API (uvicorn) until interrupted."""
+    current = settings()
+    revision = require_current_schema(current)
+    url = f"http://{host}:{port}"
+    data = {"url": url, "workers": workers, "revision": revision}
+    emit(data, as_json=as_json, text=f"serving {url} with {workers} worker(s); Ctrl-C stops")
+    _run_uvicorn(current, host, port, workers, access_log=access_log, as_json=as_json)
+
+
+def require_current_schema(current: Settings) -> str | None:
+    """The database's revision, if it is the latest; else InvalidState naming the fix."""
     from flywheel import migrate
     from flywheel.db import make_engine
 
-    current = settings()
     engine = make_engine(current)
     try:
         revision = migrate.current_revision(engine)
@@ -78,14 +87,18 @@ def serve(
         engine.dispose()
     if revision != migrate.head_revision(current.resolved_database_url):
         raise InvalidState("the database schema is not up to date: run `flywheel init` first")
-    url = f"http://{host}:{port}"
-    data = {"url": url, "workers": workers, "revision": revision}
-    emit(data, as_json=as_json, text=f"serving {url} with {workers} worker(s); Ctrl-C stops")
-    _run_uvicorn(current, host, port, workers, access_log=access_log, as_json=as_json)
+    return revision
 
 
 def _run_uvicorn(
-    current: Settings, host: str, port: int, workers: int, *, access_log: bool, as_json: bool
+    current: Settings,
+    host: str,
+    port: int,
+    workers: int,
+    *,
+    access_log: bool,
+    as_json: bool,
+    factory: str = "api.app:create_app",
 ) -> None:
     import uvicorn  # imported here: only this command needs the server
     from uvicorn.config import LOGGING_CONFIG
@@ -96,7 +109,7 @@ def _run_uvicorn(
     limits = ServerLimits.from_settings(current)
     # By import string: flywheel never imports api; uvicorn loads it in each worker.
     uvicorn.run(
-        "api.app:create_app",
+        factory,
         factory=True,
         host=host,
         port=port,

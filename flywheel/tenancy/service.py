@@ -27,6 +27,7 @@ class Scope(StrEnum):
     FEEDBACK_WRITE = "feedback:write"
     DATA_READ = "data:read"
     MODELS_WRITE = "models:write"
+    INFER = "infer"
     ADMIN = "admin"
 
 
