@@ -162,3 +162,23 @@ def rater_id(seed: str) -> str:
 
 def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
+
+
+def live_problems(round_number: int, count: int) -> list[Problem]:
+    """The questions the demo's simulated users ask through the gateway in live round
+    `round_number` (1, 2, ...): `count` problems no feedback batch holds, and no earlier
+    round, half of them carries (small sums and into the hundreds alike)."""
+    taken = {
+        problem
+        for batch in (1, 2)
+        for quick in (False, True)
+        for problems_of_batch in batch_problems(batch, quick=quick)
+        for problem in problems_of_batch
+    }
+    fresh = [p for p in all_problems() if p not in taken]
+    carries = [p for p in fresh if p.carries]
+    plain = [p for p in fresh if not p.carries]
+    half = count // 2
+    start = (round_number - 1) * half
+    chosen = carries[start : start + count - half] + plain[start : start + half]
+    return sorted(chosen, key=lambda p: _digest(f"live:{p.prompt}"))

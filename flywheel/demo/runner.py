@@ -3,10 +3,14 @@
 On the embedded default (SQLite, a local MLflow store, CPU): bundled sample data goes in
 through the ordinary commands (support tickets and feedback, a small repository with tests,
 feedback on two-digit additions), a tiny base model is pretrained on the additions without a
-carry, and the arithmetic domain turns twice — cycle, more feedback, cycle — each turn
-compiling the feedback, building a dataset version, training a LoRA adapter in a subprocess,
-evaluating it against the champion (or the base) and promoting it when the gate passes. It
-ends with a summary table and an HTML report (`<dir>/report.html`).
+carry, and the arithmetic domain turns twice — cycle, live traffic, more feedback, cycle,
+live traffic — each turn compiling the feedback, building a dataset version, training a LoRA
+adapter in a subprocess, evaluating it against the champion (or the base) and promoting it
+when the gate passes. Between the turns, simulated users ask additions through the gateway
+(`flywheel gateway --backend local`, the champion answering) and rate each answer through the
+REST API (`flywheel serve`): that feedback is part of what the second turn trains on
+(`flywheel.demo.traffic`). It ends with a summary table (the held-out metric of each version
+next to its live thumbs-up rate) and an HTML report (`<dir>/report.html`).
 
 Every step is a real `flywheel` command run in this process (`flywheel.cli.main`), so the
 demo walks the same paths a user does.
@@ -31,6 +35,7 @@ from rich.console import Console
 
 from flywheel.cli.common import JsonOption, database_session, emit
 from flywheel.cli.doctor import preflight
+from flywheel.demo.arithmetic_feedback import live_problems
 from flywheel.demo.data import (
     ARITHMETIC_DOMAIN,
     CODE_DOMAIN,
@@ -40,9 +45,11 @@ from flywheel.demo.data import (
     write_repository,
     write_support,
 )
+from flywheel.demo.traffic import Services, ask_and_rate, live_services, round_summary
 from flywheel.errors import InvalidInput, InvalidState
 
 TENANT = "demo"
+LIVE_QUESTIONS = {False: 120, True: 60}  # per round of live traffic, full and quick demo
 SETTINGS_LEFT_OUT = ("FLYWHEEL_DATABASE_URL", "FLYWHEEL_MLFLOW_TRACKING_URI", "FLYWHEEL_BASE_MODEL")
 
 
@@ -53,6 +60,7 @@ class Demo:
     stages: list[dict[str, Any]] = field(default_factory=list)
     cycles: list[dict[str, Any]] = field(default_factory=list)
     ingested: dict[str, Any] = field(default_factory=dict)
+    live: list[dict[str, Any]] = field(default_factory=list)  # each round of live traffic
 
     @property
     def home(self) -> Path:
@@ -77,9 +85,9 @@ def run_demo(directory: Path, *, quick: bool) -> Demo:
     demo.directory.mkdir(parents=True, exist_ok=True)
     _use_workspace(demo)
     plan = arithmetic_plan(quick=quick)  # calibrated: see flywheel/demo/data.py
-    total = 8
+    total = 10
     with _stage(demo, 1, total, "workspace: embedded database and MLflow store"):
-        _setup(demo, plan)
+        key = _setup(demo, plan)
     with _stage(demo, 2, total, "tiny base model: pretrained on additions without a carry"):
         _pretrain(demo, plan)
     with _stage(demo, 3, total, "ingest: support tickets and feedback, a repository, feedback"):
@@ -90,12 +98,18 @@ def run_demo(directory: Path, *, quick: bool) -> Demo:
             _cli("dataset", "build", "--domain", domain, "--tenant", TENANT)
     with _stage(demo, 5, total, "cycle 1 of arithmetic: compile, build, train, eval, gate"):
         demo.cycles.append(_cycle())
-    with _stage(demo, 6, total, "more feedback arrives (batch 2)"):
-        (path,) = write_arithmetic(demo.data, batch=2, quick=quick)
-        demo.ingested["arithmetic batch 2"] = _ingest("feedback", str(path), ARITHMETIC_DOMAIN)
-    with _stage(demo, 7, total, "cycle 2 of arithmetic: against the champion"):
-        demo.cycles.append(_cycle())
-    with _stage(demo, 8, total, "report"):
+    with contextlib.ExitStack() as running:
+        with _stage(demo, 6, total, "live traffic: users ask through the gateway, rate answers"):
+            services = running.enter_context(live_services(demo.base, demo.home / "logs"))
+            demo.live.append(_live_round(demo, services, key, 1))
+        with _stage(demo, 7, total, "more feedback arrives (batch 2)"):
+            (path,) = write_arithmetic(demo.data, batch=2, quick=quick)
+            demo.ingested["arithmetic batch 2"] = _ingest("feedback", str(path), ARITHMETIC_DOMAIN)
+        with _stage(demo, 8, total, "cycle 2 of arithmetic: against the champion"):
+            demo.cycles.append(_cycle())
+        with _stage(demo, 9, total, "live traffic again: the new champion answers"):
+            demo.live.append(_live_round(demo, services, key, 2))
+    with _stage(demo, 10, total, "report"):
         _cli("report", "--domain", ARITHMETIC_DOMAIN, "--tenant", TENANT,
              "--out", str(demo.directory / "report.html"))  # fmt: skip
     return demo
@@ -112,7 +126,8 @@ def _use_workspace(demo: Demo) -> None:
         os.environ.pop(name, None)
 
 
-def _setup(demo: Demo, plan: dict[str, Any]) -> None:
+def _setup(demo: Demo, plan: dict[str, Any]) -> str:
+    """The workspace, the tenant, its domains; returns the key the simulated users hold."""
     _cli("init")
     _cli("tenants", "create", TENANT)
     configs = {
@@ -132,6 +147,9 @@ def _setup(demo: Demo, plan: dict[str, Any]) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(yaml.safe_dump(config, sort_keys=False), encoding="utf-8")
         _cli("domains", "configure", name, "--tenant", TENANT, "--file", str(path))
+    scopes = "infer,feedback:write"
+    issued = _cli("keys", "create", "--tenant", TENANT, "--scopes", scopes, "--name", "demo-users")
+    return str(issued["key"])
 
 
 def _pretrain(demo: Demo, plan: dict[str, Any]) -> None:
@@ -152,6 +170,12 @@ def _ingest_samples(demo: Demo) -> None:
     demo.ingested["support feedback"] = _ingest("feedback", str(support_feedback), SUPPORT_DOMAIN)
     demo.ingested["repository"] = _ingest("repo", str(repository), CODE_DOMAIN, "--history", "2")
     demo.ingested["arithmetic batch 1"] = _ingest("feedback", str(arithmetic), ARITHMETIC_DOMAIN)
+
+
+def _live_round(demo: Demo, services: Services, key: str, number: int) -> dict[str, Any]:
+    problems = live_problems(number, LIVE_QUESTIONS[demo.quick])
+    answers = ask_and_rate(services, key, ARITHMETIC_DOMAIN, problems)
+    return {"round": number, **round_summary(answers)}
 
 
 def _ingest(kind: str, source: str, domain: str, *extra: str) -> Any:
@@ -195,14 +219,22 @@ def demo_command(
     quick: bool = typer.Option(False, "--quick", help="The short CI smoke run (< 3 minutes)."),
     as_json: bool = JsonOption,
 ) -> None:
-    """Run the whole flywheel on bundled sample data: ingest, a tiny base model, a cycle,
-    more feedback, a second cycle; then a summary table and an HTML report."""
-    from flywheel.demo.summary import cycle_rows, domain_counts, print_summary  # DB models: here
+    """Run the whole flywheel on bundled sample data: ingest, a tiny base model, a cycle, live
+    traffic through the gateway, more feedback, a second cycle, live traffic; then a summary
+    table and an HTML report."""
+    from flywheel.demo.summary import (  # DB models: here
+        cycle_rows,
+        domain_counts,
+        live_by_version,
+        print_summary,
+        version_rows,
+    )
 
     started = time.monotonic()
     demo = run_demo(directory, quick=quick)
     with database_session() as session:
         counts = domain_counts(session)
+        versions = version_rows(demo.cycles, live_by_version(session, ARITHMETIC_DOMAIN))
     data = {
         "directory": str(demo.directory),
         "report": str(demo.directory / "report.html"),
@@ -211,10 +243,12 @@ def demo_command(
         "ingested": demo.ingested,
         "domains": counts,
         "cycles": cycle_rows(demo.cycles),
+        "live": demo.live,
+        "versions": versions,
     }
     if as_json:
         emit(data, as_json=True, text="")
         return
     console = Console() if sys.stdout.isatty() else Console(width=120)  # a log: room for it
-    print_summary(console, counts, demo.cycles)
+    print_summary(console, counts, demo.cycles, versions)
     console.print(f"report: {data['report']}  ({data['seconds']:.0f} s in all)")

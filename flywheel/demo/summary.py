@@ -6,7 +6,7 @@ from typing import Any
 
 from rich.console import Console
 from rich.table import Table
-from sqlalchemy import func, select
+from sqlalchemy import case, func, select
 from sqlalchemy.orm import Session
 
 from flywheel.datasets.models import DatasetVersion
@@ -46,6 +46,64 @@ def domain_counts(session: Session) -> dict[str, dict[str, Any]]:
     return counts
 
 
+def live_by_version(session: Session, domain: str) -> dict[str, dict[str, Any]]:
+    """Per version that answered the domain's traffic ("base" before a champion): the
+    interactions that got feedback, and the share of them rated thumbs up (a correction or a
+    thumbs down counts against)."""
+    thumbs_up = case(
+        ((FeedbackEvent.kind == "rating") & (FeedbackEvent.value["thumbs"].as_string() == "up"), 1),
+        else_=0,
+    )
+    rated = (
+        select(
+            Interaction.model_version,
+            Interaction.id,
+            func.max(thumbs_up).label("up"),
+            func.max(case((FeedbackEvent.kind == "correction", 1), else_=0)).label("corrected"),
+        )
+        .join(FeedbackEvent, FeedbackEvent.interaction_id == Interaction.id)
+        .join(Domain, Domain.id == Interaction.domain_id)
+        .where(Domain.name == domain)
+        .group_by(Interaction.model_version, Interaction.id)
+        .subquery()
+    )
+    judged_up = case(((rated.c.up == 1) & (rated.c.corrected == 0), 1), else_=0)
+    rows = session.execute(
+        select(rated.c.model_version, func.count(), func.sum(judged_up)).group_by(
+            rated.c.model_version
+        )
+    )
+    return {
+        (f"v{version}" if version else "base"): {
+            "rated": count,
+            "thumbs_up_rate": round(int(up or 0) / count, 3) if count else None,
+        }
+        for version, count, up in rows
+    }
+
+
+def version_rows(
+    cycles: list[dict[str, Any]], live: dict[str, dict[str, Any]]
+) -> list[dict[str, Any]]:
+    """Each version the cycles measured (the base included): its held-out primary metric
+    (its last measurement) next to its live thumbs-up rate."""
+    held_out: dict[str, float | None] = {}
+    for row in cycle_rows(cycles):
+        held_out[_version(row["against"]) if row["against"] != "-" else "base"] = row["before"]
+        if row["candidate"] != "-":
+            held_out[row["candidate"]] = row["after"]
+    names = list(dict.fromkeys([*held_out, *live]))
+    return [
+        {
+            "version": name,
+            "held_out": held_out.get(name),
+            "live_rated": (live.get(name) or {}).get("rated", 0),
+            "live_thumbs_up_rate": (live.get(name) or {}).get("thumbs_up_rate"),
+        }
+        for name in names
+    ]
+
+
 def cycle_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per cycle: the dataset it trained on, the candidate, its held-out primary
     metric against its rival's, and the gate's decision."""
@@ -82,7 +140,10 @@ def _primary(gate: dict[str, Any]) -> tuple[str, float | None, float | None]:
 
 
 def print_summary(
-    console: Console, counts: dict[str, dict[str, Any]], cycles: list[dict[str, Any]]
+    console: Console,
+    counts: dict[str, dict[str, Any]],
+    cycles: list[dict[str, Any]],
+    versions: list[dict[str, Any]],
 ) -> None:
     data = Table(title="Data and training signal, per domain")
     data.add_column("")
@@ -113,6 +174,15 @@ def print_summary(
             "yes" if row["judged"] else "no", "YES" if row["regressed"] else "no",
         )  # fmt: skip
     console.print(slices)
+    live = Table(title="Each version: held-out metric and live thumbs-up through the gateway")
+    for column in ("version", "held-out", "live rated", "live thumbs-up"):
+        live.add_column(column, justify="right")
+    for row in versions:
+        live.add_row(
+            row["version"], _number(row["held_out"]), str(row["live_rated"]),
+            _number(row["live_thumbs_up_rate"]),
+        )  # fmt: skip
+    console.print(live)
 
 
 def _version(name: object) -> str:
