@@ -17,6 +17,7 @@ from finetune.config import load_config
 from flywheel.evaluation.gate import GatePolicy
 from flywheel.evaluation.slices import slice_rules
 from flywheel.redaction import redact
+from flywheel.registry.release import ReleaseConfig
 from flywheel.sandbox import run_tests
 from flywheel.sandbox.qa import check_task, load_task_file
 from flywheel.scheduling.config import cycle_settings
@@ -141,9 +142,16 @@ def test_the_example_parses_as_what_it_is(name: str) -> None:
 
 
 def test_the_readmes_domain_config_is_the_example() -> None:
-    (block,) = [block for block in readme_blocks() if block.language == "yaml"]
+    configs = [yaml.safe_load(block.text) for block in readme_blocks() if block.language == "yaml"]
+    (config,) = [config for config in configs if set(config) != {"release"}]
     example = yaml.safe_load((EXAMPLES / "billing.yaml").read_text(encoding="utf-8"))
-    assert yaml.safe_load(block.text) == example
+    assert config == example
+
+
+def test_the_readmes_release_section_is_a_valid_release_config() -> None:
+    configs = [yaml.safe_load(block.text) for block in readme_blocks() if block.language == "yaml"]
+    (release,) = [config["release"] for config in configs if set(config) == {"release"}]
+    assert ReleaseConfig.model_validate(release).challenger_share > 0
 
 
 def test_every_file_the_readme_names_exists() -> None:
