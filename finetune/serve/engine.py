@@ -139,7 +139,10 @@ class Engine:
     def __init__(self, model: Any, tokenizer: Any, device: torch.device) -> None:
         self.model, self.tokenizer, self.device = model, tokenizer, device
         self.lock = threading.Lock()
-        self.adapters: dict[str, str] = {}
+        self.adapters: dict[str, str] = {}  # served name -> its directory
+        # served name -> peft's name for it: peft names are module names (no "."), served
+        # names are the registry's (`acme.billing-v3`)
+        self.slots: dict[str, str] = {}
         self.counters: Counter[str] = Counter()
         stops = model.generation_config.eos_token_id
         stops = [stops] if isinstance(stops, int) else list(stops or [])
@@ -151,16 +154,19 @@ class Engine:
 
     def load_adapter(self, name: str, path: str) -> None:
         with self.lock:
+            self.counters["adapters_loaded"] += 1
+            slot = f"adapter_{self.counters['adapters_loaded']}"
             if isinstance(self.model, PeftModel):
-                self.model.load_adapter(path, adapter_name=name)
+                self.model.load_adapter(path, adapter_name=slot)
             else:
-                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=name)
+                self.model = PeftModel.from_pretrained(self.model, path, adapter_name=slot)
             self.model.eval()
             self.adapters[name] = path
+            self.slots[name] = slot
 
     def unload_adapter(self, name: str) -> None:
         with self.lock:
-            self.model.delete_adapter(name)
+            self.model.delete_adapter(self.slots.pop(name))
             del self.adapters[name]
             if not self.adapters:
                 self.model = self.model.unload()
@@ -172,7 +178,7 @@ class Engine:
             return nullcontext()
         if name not in self.adapters:
             raise KeyError(f"The model `{name}` does not exist.")
-        self.model.set_adapter(name)
+        self.model.set_adapter(self.slots[name])
         return nullcontext()
 
     def run(self, batch: Sequence[Job]) -> None:

@@ -260,6 +260,23 @@ def test_loading_a_name_twice_is_400_and_unloading_twice_404(
     assert_openai_error(chat(url, "again", PROMPTS[0]), 404)
 
 
+def test_an_adapter_is_served_under_a_registry_name_with_dots(
+    url: str, adapters: dict[str, Path]
+) -> None:
+    """The gateway names adapters `<tenant>.<domain>-v<version>`; peft refuses "." in its own
+    adapter names (module names), so the server maps one to the other."""
+    name = "demo.arithmetic-v1"
+    load = {"lora_name": name, "lora_path": str(adapters["a1"])}
+    assert httpx.post(f"{url}/v1/load_lora_adapter", json=load).status_code == 200
+    answer = chat(url, name, PROMPTS[0], max_tokens=10)
+    assert answer.status_code == 200, answer.text
+    reference_answer = chat(url, "a1", PROMPTS[0], max_tokens=10)
+    assert (
+        answer.json()["choices"][0]["message"] == reference_answer.json()["choices"][0]["message"]
+    )
+    assert httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": name}).status_code == 200
+
+
 def test_a_path_without_an_adapter_is_404_and_a_missing_field_400(url: str, tmp_path: Path) -> None:
     missing = {"lora_name": "ghost", "lora_path": str(tmp_path)}
     assert_openai_error(httpx.post(f"{url}/v1/load_lora_adapter", json=missing), 404)
