@@ -27,9 +27,9 @@ def claim_batch_key(
     idempotency_key: str,
     request_sha256: str,
     event_count: int,
-) -> None:
-    """Claim the key for this batch; nothing for a replay of the same batch, Conflict for a
-    different one.
+) -> bool:
+    """Claim the key for this batch: True when it was free, False for a replay of the same
+    batch, Conflict for a different one.
 
     One INSERT ... ON CONFLICT DO NOTHING decides: of two concurrent batches under one key,
     the second waits for the first to commit, then compares with its row.
@@ -48,8 +48,7 @@ def claim_batch_key(
         .returning(FEEDBACK_BATCHES.c.id)
     )
     if session.execute(claim).scalar() is not None:
-        _refuse_changed_legacy_batch(session, tenant_id, idempotency_key, event_count)
-        return
+        return not _refuse_changed_legacy_batch(session, tenant_id, idempotency_key, event_count)
     stored = session.scalars(
         select(FeedbackBatch.request_sha256).where(
             FeedbackBatch.tenant_id == tenant_id, FeedbackBatch.idempotency_key == idempotency_key
@@ -57,15 +56,17 @@ def claim_batch_key(
     ).one_or_none()
     if stored != request_sha256:  # None: deleted in between; never guess
         raise _reused(idempotency_key)
+    return False
 
 
 def _refuse_changed_legacy_batch(
     session: Session, tenant_id: uuid.UUID, idempotency_key: str, event_count: int
-) -> None:
+) -> bool:
     """A batch stored before batches were claimed has events under `K#i` but no batch row, so
     its key was claimed just now. Its replay must find exactly `K#0` to `K#<n-1>` stored: one
     of them missing (an event appended) or `K#<n>` stored (an event removed) is a Conflict;
-    an edited event is refused by its own fingerprint when it is recorded."""
+    an edited event is refused by its own fingerprint when it is recorded. True for such a
+    replay, False when no event is stored under the key."""
     keys = [f"{idempotency_key}#{index}" for index in range(event_count + 1)]
     stored = set(
         session.scalars(
@@ -76,6 +77,7 @@ def _refuse_changed_legacy_batch(
     )
     if stored and stored != set(keys[:-1]):
         raise _reused(idempotency_key)
+    return bool(stored)
 
 
 def _reused(idempotency_key: str) -> Conflict:

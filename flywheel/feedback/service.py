@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from flywheel.bulk import insert_ignoring_conflicts
+from flywheel.bulk import insert_ignoring_conflicts, insert_new_rows
 from flywheel.db import Base, utcnow
 from flywheel.errors import Conflict, InvalidInput, NotFound
 from flywheel.feedback import batches
@@ -248,19 +248,40 @@ def record_feedback_batch(
             f"{len(resolved.errors)} of {len(events)} events are invalid; nothing was written",
             details=resolved.errors,
         )
+    fingerprints, batch_fingerprint = request_fingerprints(events)
     keys: list[str | None] = [None] * len(events)
+    is_claimed = True
     if idempotency_key is not None:
-        batches.claim_batch_key(
+        is_claimed = batches.claim_batch_key(
             session,
             tenant_id=tenant_id,
             idempotency_key=idempotency_key,
-            request_sha256=request_fingerprint(events),
+            request_sha256=batch_fingerprint,
             event_count=len(events),
         )
         keys = [f"{idempotency_key}#{index}" for index in range(len(events))]
     return _record_resolved(
-        session=session, tenant_id=tenant_id, events=events, targets=resolved, idempotency_keys=keys
+        session=session,
+        tenant_id=tenant_id,
+        events=events,
+        targets=resolved,
+        idempotency_keys=keys,
+        fingerprints=fingerprints,
+        are_new=is_claimed,  # a replay's events are all stored: no COPY to try
     )
+
+
+def request_fingerprints(events: Sequence[NewFeedback]) -> tuple[list[str], str]:
+    """Each event's `request_fingerprint` and the whole batch's, in one pass: the batch's
+    canonical JSON is its events' canonical JSON joined as a JSON array."""
+    canonical = [
+        orjson.dumps(
+            event, default=_without_absent_tools, option=orjson.OPT_SORT_KEYS | PASSTHROUGH
+        )
+        for event in events
+    ]
+    batch = hashlib.sha256(b"[" + b",".join(canonical) + b"]").hexdigest()
+    return [hashlib.sha256(each).hexdigest() for each in canonical], batch
 
 
 def record_feedback_events(
@@ -292,6 +313,7 @@ def record_feedback_events(
         events=events,
         targets=resolved,
         idempotency_keys=idempotency_keys,
+        fingerprints=request_fingerprints(events)[0],
         refs=refs,
     )
 
@@ -339,47 +361,89 @@ def _record_resolved(
     events: Sequence[NewFeedback],
     targets: _Targets,
     idempotency_keys: Sequence[str | None],
+    fingerprints: Sequence[str],
     refs: Sequence[str] | None = None,
+    are_new: bool = False,
 ) -> list[Recorded]:
+    """Write the events (`are_new`: expected to be stored nowhere yet, so tried with one COPY
+    first) and replay those a stored row holds; Conflict for one a different row holds."""
     now = utcnow()
+    domains = [targets.domain_of(event) for event in events]
     rows = [
-        {**_feedback_row(tenant_id, event, key, now), "domain_id": targets.domain_of(event)[0]}
-        for event, key in zip(events, idempotency_keys, strict=True)
-    ]
-    inserted = insert_ignoring_conflicts(session, FEEDBACK_EVENTS, rows)
-    recorded = []
-    for index, (event, row) in enumerate(zip(events, rows, strict=True)):
-        created_at, is_replay = now, False
-        if row["id"] not in inserted:
-            first = _find_duplicate(
-                session.connection(),
-                FeedbackEvent,
-                tenant_id,
-                row["idempotency_key"],
-                event.event_id,
-            )
-            if first is None:  # the conflicting row was deleted in between: never guess
-                raise Conflict("an event conflicts with a stored row that could not be found")
-            try:
-                _check_same_request(
-                    first, row["request_sha256"], row["idempotency_key"], event.event_id
-                )
-            except Conflict as error:
-                raise Conflict(
-                    f"{refs[index]}: {error.message}" if refs else error.message
-                ) from error
-            row["id"], created_at, is_replay = first.id, first.created_at, True
-        recorded.append(
-            Recorded(
-                id=row["id"],
-                domain=targets.domain_of(event)[1],
-                created_at=created_at,
-                kind=event.kind,
-                interaction_id=event.interaction_id,
-                is_replay=is_replay,
-            )
+        _batch_row(tenant_id, event, key, fingerprint, domain_id, now)
+        for event, key, fingerprint, (domain_id, _) in zip(
+            events, idempotency_keys, fingerprints, domains, strict=True
         )
+    ]
+    insert = insert_new_rows if are_new else insert_ignoring_conflicts
+    inserted = insert(session, FEEDBACK_EVENTS, rows)
+    recorded = [
+        Recorded(
+            id=row["id"],
+            domain=name,
+            created_at=now,
+            kind=event.kind,
+            interaction_id=event.interaction_id,
+        )
+        if row["id"] in inserted
+        else _replayed(session, tenant_id, event, row, name, refs[index] if refs else None)
+        for index, (event, row, (_, name)) in enumerate(zip(events, rows, domains, strict=True))
+    ]
     return recorded
+
+
+def _replayed(
+    session: Session,
+    tenant_id: uuid.UUID,
+    event: NewFeedback,
+    row: dict[str, Any],
+    domain: str,
+    ref: str | None,
+) -> Recorded:
+    """The stored row a constraint refused `row` for, if it holds the same request."""
+    key = row["idempotency_key"]
+    first = _find_duplicate(session.connection(), FeedbackEvent, tenant_id, key, event.event_id)
+    if first is None:  # the conflicting row was deleted in between: never guess
+        raise Conflict("an event conflicts with a stored row that could not be found")
+    try:
+        _check_same_request(first, row["request_sha256"], key, event.event_id)
+    except Conflict as error:
+        raise Conflict(f"{ref}: {error.message}" if ref else error.message) from error
+    return Recorded(
+        id=first.id,
+        domain=domain,
+        created_at=first.created_at,
+        kind=event.kind,
+        interaction_id=event.interaction_id,
+        is_replay=True,
+    )
+
+
+def _batch_row(
+    tenant_id: uuid.UUID,
+    event: NewFeedback,
+    idempotency_key: str | None,
+    request_sha256: str,
+    domain_id: uuid.UUID,
+    now: datetime,
+) -> dict[str, Any]:
+    """A batch event's columns, its fingerprint computed with the batch's."""
+    return {
+        "id": uuid.uuid4(),
+        "created_at": now,
+        "tenant_id": tenant_id,
+        "domain_id": domain_id,
+        "interaction_id": event.interaction_id,
+        "kind": event.kind,
+        "value": event.value,
+        "messages": event.messages,
+        "tools": event.tools,
+        "response": event.response,
+        "rater": event.rater,
+        "event_id": event.event_id,
+        "idempotency_key": idempotency_key,
+        "request_sha256": request_sha256,
+    }
 
 
 def _feedback_row(
