@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -191,7 +191,7 @@ def record_feedback(
         return _recorded_event(new, row["id"], domain, row["created_at"], is_replay=False)
     first = _find_duplicate(connection, FeedbackEvent, tenant_id, idempotency_key, new.event_id)
     if first is None:
-        raise NotFound(_missing_target(new))
+        raise NotFound(batches.missing_target(new))
     _check_same_request(first, row["request_sha256"], idempotency_key, new.event_id)
     domain = new.domain or _domain_name(connection, first.domain_id)
     return _recorded_event(new, first.id, domain, first.created_at, is_replay=True)
@@ -208,12 +208,6 @@ def _recorded_event(
         interaction_id=event.interaction_id,
         is_replay=is_replay,
     )
-
-
-def _missing_target(event: NewFeedback) -> str:
-    if event.interaction_id is not None:
-        return f"interaction {event.interaction_id} not found"
-    return f"domain {event.domain!r} not found"
 
 
 def _domain_name(connection: Connection, domain_id: uuid.UUID) -> str:
@@ -242,7 +236,7 @@ def record_feedback_batch(
     the same key with any event added, removed or changed is a Conflict; event i is stored
     under `K#i`, so replaying the batch replays every event (same ids) and writes nothing.
     """
-    resolved = _resolve_targets(session, tenant_id, events)
+    resolved = batches.resolve_targets(session, tenant_id, events)
     if resolved.errors:
         raise InvalidInput(
             f"{len(resolved.errors)} of {len(events)} events are invalid; nothing was written",
@@ -296,7 +290,7 @@ def record_feedback_events(
     """Record events read from a file or an export into one domain, each under its own
     idempotency key (so reading the file again replays them). An unknown target, a target in
     another domain or a conflicting replay fails the batch, naming the event's ref."""
-    resolved = _resolve_targets(session, tenant_id, events)
+    resolved = batches.resolve_targets(session, tenant_id, events)
     if resolved.errors:
         first = resolved.errors[0]
         raise InvalidInput(f"{refs[first['index']]}: {first['message']}")
@@ -318,48 +312,12 @@ def record_feedback_events(
     )
 
 
-@dataclass
-class _Targets:
-    """Where each event goes: domain ids by name, (domain id, name) by interaction id."""
-
-    domain_ids: dict[str, uuid.UUID]
-    interactions: dict[uuid.UUID, tuple[uuid.UUID, str]]
-    errors: list[dict[str, Any]]
-
-    def domain_of(self, event: NewFeedback) -> tuple[uuid.UUID, str]:
-        if event.interaction_id is not None:
-            return self.interactions[event.interaction_id]
-        assert event.domain is not None  # checked by _resolve_targets
-        return self.domain_ids[event.domain], event.domain
-
-
-def _resolve_targets(
-    session: Session, tenant_id: uuid.UUID, events: Sequence[NewFeedback]
-) -> _Targets:
-    names = {event.domain for event in events if event.domain is not None}
-    interaction_ids = {event.interaction_id for event in events if event.interaction_id}
-    targets = _Targets(
-        domain_ids=_domain_ids(session, tenant_id, names),
-        interactions=_interaction_domains(session, tenant_id, interaction_ids),
-        errors=[],
-    )
-    for index, event in enumerate(events):
-        if event.interaction_id is not None:
-            is_known = event.interaction_id in targets.interactions
-        else:
-            is_known = event.domain in targets.domain_ids
-        if not is_known:
-            message = _missing_target(event)
-            targets.errors.append({"index": index, "code": NotFound.code, "message": message})
-    return targets
-
-
 def _record_resolved(
     *,
     session: Session,
     tenant_id: uuid.UUID,
     events: Sequence[NewFeedback],
-    targets: _Targets,
+    targets: batches.Targets,
     idempotency_keys: Sequence[str | None],
     fingerprints: Sequence[str],
     refs: Sequence[str] | None = None,
@@ -370,7 +328,7 @@ def _record_resolved(
     now = utcnow()
     domains = [targets.domain_of(event) for event in events]
     rows = [
-        _batch_row(tenant_id, event, key, fingerprint, domain_id, now)
+        batches.event_row(tenant_id, event, key, fingerprint, domain_id, now)
         for event, key, fingerprint, (domain_id, _) in zip(
             events, idempotency_keys, fingerprints, domains, strict=True
         )
@@ -419,33 +377,6 @@ def _replayed(
     )
 
 
-def _batch_row(
-    tenant_id: uuid.UUID,
-    event: NewFeedback,
-    idempotency_key: str | None,
-    request_sha256: str,
-    domain_id: uuid.UUID,
-    now: datetime,
-) -> dict[str, Any]:
-    """A batch event's columns, its fingerprint computed with the batch's."""
-    return {
-        "id": uuid.uuid4(),
-        "created_at": now,
-        "tenant_id": tenant_id,
-        "domain_id": domain_id,
-        "interaction_id": event.interaction_id,
-        "kind": event.kind,
-        "value": event.value,
-        "messages": event.messages,
-        "tools": event.tools,
-        "response": event.response,
-        "rater": event.rater,
-        "event_id": event.event_id,
-        "idempotency_key": idempotency_key,
-        "request_sha256": request_sha256,
-    }
-
-
 def _feedback_row(
     tenant_id: uuid.UUID, event: NewFeedback, idempotency_key: str | None, now: datetime
 ) -> dict[str, Any]:
@@ -465,31 +396,6 @@ def _feedback_row(
         "idempotency_key": idempotency_key,
         "request_sha256": request_fingerprint(event),
     }
-
-
-def _domain_ids(
-    session: Session, tenant_id: uuid.UUID, names: Iterable[str]
-) -> dict[str, uuid.UUID]:
-    names = set(names)
-    if not names:
-        return {}
-    query = select(Domain.name, Domain.id).where(
-        Domain.tenant_id == tenant_id, Domain.name.in_(names)
-    )
-    return {name: domain_id for name, domain_id in session.execute(query)}  # noqa: C416 - rows are not pairs to dict()
-
-
-def _interaction_domains(
-    session: Session, tenant_id: uuid.UUID, ids: set[uuid.UUID]
-) -> dict[uuid.UUID, tuple[uuid.UUID, str]]:
-    if not ids:
-        return {}
-    query = (
-        select(Interaction.id, Domain.id, Domain.name)
-        .join(Domain, Domain.id == Interaction.domain_id)
-        .where(Interaction.tenant_id == tenant_id, Interaction.id.in_(ids))
-    )
-    return {row[0]: (row[1], row[2]) for row in session.execute(query)}
 
 
 DomainLookup = Literal["domain_name", "interaction_id"]
