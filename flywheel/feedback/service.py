@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -21,7 +21,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection
 from sqlalchemy.orm import Session
 
-from flywheel.bulk import insert_ignoring_conflicts
+from flywheel.bulk import insert_ignoring_conflicts, insert_new_rows
 from flywheel.db import Base, utcnow
 from flywheel.errors import Conflict, InvalidInput, NotFound
 from flywheel.feedback import batches
@@ -191,7 +191,7 @@ def record_feedback(
         return _recorded_event(new, row["id"], domain, row["created_at"], is_replay=False)
     first = _find_duplicate(connection, FeedbackEvent, tenant_id, idempotency_key, new.event_id)
     if first is None:
-        raise NotFound(_missing_target(new))
+        raise NotFound(batches.missing_target(new))
     _check_same_request(first, row["request_sha256"], idempotency_key, new.event_id)
     domain = new.domain or _domain_name(connection, first.domain_id)
     return _recorded_event(new, first.id, domain, first.created_at, is_replay=True)
@@ -208,12 +208,6 @@ def _recorded_event(
         interaction_id=event.interaction_id,
         is_replay=is_replay,
     )
-
-
-def _missing_target(event: NewFeedback) -> str:
-    if event.interaction_id is not None:
-        return f"interaction {event.interaction_id} not found"
-    return f"domain {event.domain!r} not found"
 
 
 def _domain_name(connection: Connection, domain_id: uuid.UUID) -> str:
@@ -242,25 +236,46 @@ def record_feedback_batch(
     the same key with any event added, removed or changed is a Conflict; event i is stored
     under `K#i`, so replaying the batch replays every event (same ids) and writes nothing.
     """
-    resolved = _resolve_targets(session, tenant_id, events)
+    resolved = batches.resolve_targets(session, tenant_id, events)
     if resolved.errors:
         raise InvalidInput(
             f"{len(resolved.errors)} of {len(events)} events are invalid; nothing was written",
             details=resolved.errors,
         )
+    fingerprints, batch_fingerprint = request_fingerprints(events)
     keys: list[str | None] = [None] * len(events)
+    is_claimed = True
     if idempotency_key is not None:
-        batches.claim_batch_key(
+        is_claimed = batches.claim_batch_key(
             session,
             tenant_id=tenant_id,
             idempotency_key=idempotency_key,
-            request_sha256=request_fingerprint(events),
+            request_sha256=batch_fingerprint,
             event_count=len(events),
         )
         keys = [f"{idempotency_key}#{index}" for index in range(len(events))]
     return _record_resolved(
-        session=session, tenant_id=tenant_id, events=events, targets=resolved, idempotency_keys=keys
+        session=session,
+        tenant_id=tenant_id,
+        events=events,
+        targets=resolved,
+        idempotency_keys=keys,
+        fingerprints=fingerprints,
+        are_new=is_claimed,  # a replay's events are all stored: no COPY to try
     )
+
+
+def request_fingerprints(events: Sequence[NewFeedback]) -> tuple[list[str], str]:
+    """Each event's `request_fingerprint` and the whole batch's, in one pass: the batch's
+    canonical JSON is its events' canonical JSON joined as a JSON array."""
+    canonical = [
+        orjson.dumps(
+            event, default=_without_absent_tools, option=orjson.OPT_SORT_KEYS | PASSTHROUGH
+        )
+        for event in events
+    ]
+    batch = hashlib.sha256(b"[" + b",".join(canonical) + b"]").hexdigest()
+    return [hashlib.sha256(each).hexdigest() for each in canonical], batch
 
 
 def record_feedback_events(
@@ -275,7 +290,7 @@ def record_feedback_events(
     """Record events read from a file or an export into one domain, each under its own
     idempotency key (so reading the file again replays them). An unknown target, a target in
     another domain or a conflicting replay fails the batch, naming the event's ref."""
-    resolved = _resolve_targets(session, tenant_id, events)
+    resolved = batches.resolve_targets(session, tenant_id, events)
     if resolved.errors:
         first = resolved.errors[0]
         raise InvalidInput(f"{refs[first['index']]}: {first['message']}")
@@ -292,44 +307,9 @@ def record_feedback_events(
         events=events,
         targets=resolved,
         idempotency_keys=idempotency_keys,
+        fingerprints=request_fingerprints(events)[0],
         refs=refs,
     )
-
-
-@dataclass
-class _Targets:
-    """Where each event goes: domain ids by name, (domain id, name) by interaction id."""
-
-    domain_ids: dict[str, uuid.UUID]
-    interactions: dict[uuid.UUID, tuple[uuid.UUID, str]]
-    errors: list[dict[str, Any]]
-
-    def domain_of(self, event: NewFeedback) -> tuple[uuid.UUID, str]:
-        if event.interaction_id is not None:
-            return self.interactions[event.interaction_id]
-        assert event.domain is not None  # checked by _resolve_targets
-        return self.domain_ids[event.domain], event.domain
-
-
-def _resolve_targets(
-    session: Session, tenant_id: uuid.UUID, events: Sequence[NewFeedback]
-) -> _Targets:
-    names = {event.domain for event in events if event.domain is not None}
-    interaction_ids = {event.interaction_id for event in events if event.interaction_id}
-    targets = _Targets(
-        domain_ids=_domain_ids(session, tenant_id, names),
-        interactions=_interaction_domains(session, tenant_id, interaction_ids),
-        errors=[],
-    )
-    for index, event in enumerate(events):
-        if event.interaction_id is not None:
-            is_known = event.interaction_id in targets.interactions
-        else:
-            is_known = event.domain in targets.domain_ids
-        if not is_known:
-            message = _missing_target(event)
-            targets.errors.append({"index": index, "code": NotFound.code, "message": message})
-    return targets
 
 
 def _record_resolved(
@@ -337,49 +317,64 @@ def _record_resolved(
     session: Session,
     tenant_id: uuid.UUID,
     events: Sequence[NewFeedback],
-    targets: _Targets,
+    targets: batches.Targets,
     idempotency_keys: Sequence[str | None],
+    fingerprints: Sequence[str],
     refs: Sequence[str] | None = None,
+    are_new: bool = False,
 ) -> list[Recorded]:
+    """Write the events (`are_new`: expected to be stored nowhere yet, so tried with one COPY
+    first) and replay those a stored row holds; Conflict for one a different row holds."""
     now = utcnow()
+    domains = [targets.domain_of(event) for event in events]
     rows = [
-        {**_feedback_row(tenant_id, event, key, now), "domain_id": targets.domain_of(event)[0]}
-        for event, key in zip(events, idempotency_keys, strict=True)
-    ]
-    inserted = insert_ignoring_conflicts(session, FEEDBACK_EVENTS, rows)
-    recorded = []
-    for index, (event, row) in enumerate(zip(events, rows, strict=True)):
-        created_at, is_replay = now, False
-        if row["id"] not in inserted:
-            first = _find_duplicate(
-                session.connection(),
-                FeedbackEvent,
-                tenant_id,
-                row["idempotency_key"],
-                event.event_id,
-            )
-            if first is None:  # the conflicting row was deleted in between: never guess
-                raise Conflict("an event conflicts with a stored row that could not be found")
-            try:
-                _check_same_request(
-                    first, row["request_sha256"], row["idempotency_key"], event.event_id
-                )
-            except Conflict as error:
-                raise Conflict(
-                    f"{refs[index]}: {error.message}" if refs else error.message
-                ) from error
-            row["id"], created_at, is_replay = first.id, first.created_at, True
-        recorded.append(
-            Recorded(
-                id=row["id"],
-                domain=targets.domain_of(event)[1],
-                created_at=created_at,
-                kind=event.kind,
-                interaction_id=event.interaction_id,
-                is_replay=is_replay,
-            )
+        batches.event_row(tenant_id, event, key, fingerprint, domain_id, now)
+        for event, key, fingerprint, (domain_id, _) in zip(
+            events, idempotency_keys, fingerprints, domains, strict=True
         )
+    ]
+    insert = insert_new_rows if are_new else insert_ignoring_conflicts
+    inserted = insert(session, FEEDBACK_EVENTS, rows)
+    recorded = [
+        Recorded(
+            id=row["id"],
+            domain=name,
+            created_at=now,
+            kind=event.kind,
+            interaction_id=event.interaction_id,
+        )
+        if row["id"] in inserted
+        else _replayed(session, tenant_id, event, row, name, refs[index] if refs else None)
+        for index, (event, row, (_, name)) in enumerate(zip(events, rows, domains, strict=True))
+    ]
     return recorded
+
+
+def _replayed(
+    session: Session,
+    tenant_id: uuid.UUID,
+    event: NewFeedback,
+    row: dict[str, Any],
+    domain: str,
+    ref: str | None,
+) -> Recorded:
+    """The stored row a constraint refused `row` for, if it holds the same request."""
+    key = row["idempotency_key"]
+    first = _find_duplicate(session.connection(), FeedbackEvent, tenant_id, key, event.event_id)
+    if first is None:  # the conflicting row was deleted in between: never guess
+        raise Conflict("an event conflicts with a stored row that could not be found")
+    try:
+        _check_same_request(first, row["request_sha256"], key, event.event_id)
+    except Conflict as error:
+        raise Conflict(f"{ref}: {error.message}" if ref else error.message) from error
+    return Recorded(
+        id=first.id,
+        domain=domain,
+        created_at=first.created_at,
+        kind=event.kind,
+        interaction_id=event.interaction_id,
+        is_replay=True,
+    )
 
 
 def _feedback_row(
@@ -401,31 +396,6 @@ def _feedback_row(
         "idempotency_key": idempotency_key,
         "request_sha256": request_fingerprint(event),
     }
-
-
-def _domain_ids(
-    session: Session, tenant_id: uuid.UUID, names: Iterable[str]
-) -> dict[str, uuid.UUID]:
-    names = set(names)
-    if not names:
-        return {}
-    query = select(Domain.name, Domain.id).where(
-        Domain.tenant_id == tenant_id, Domain.name.in_(names)
-    )
-    return {name: domain_id for name, domain_id in session.execute(query)}  # noqa: C416 - rows are not pairs to dict()
-
-
-def _interaction_domains(
-    session: Session, tenant_id: uuid.UUID, ids: set[uuid.UUID]
-) -> dict[uuid.UUID, tuple[uuid.UUID, str]]:
-    if not ids:
-        return {}
-    query = (
-        select(Interaction.id, Domain.id, Domain.name)
-        .join(Domain, Domain.id == Interaction.domain_id)
-        .where(Interaction.tenant_id == tenant_id, Interaction.id.in_(ids))
-    )
-    return {row[0]: (row[1], row[2]) for row in session.execute(query)}
 
 
 DomainLookup = Literal["domain_name", "interaction_id"]
