@@ -128,9 +128,17 @@ def _rate(client: httpx.Client, services: Services, answers: list[Answer]) -> No
         response = client.post(f"{services.api_url}/v1/feedback/batch", json={"events": events})
         if response.status_code == 201:
             return
-        if response.status_code != 404 or time.monotonic() > deadline:
+        if not _names_unwritten_interactions(response) or time.monotonic() > deadline:
             raise InvalidState(f"feedback was refused ({response.status_code}): {response.text}")
         time.sleep(0.5)
+
+
+def _names_unwritten_interactions(response: httpx.Response) -> bool:
+    """A refusal only because some interactions are not in the database yet."""
+    if response.status_code != 422:
+        return False
+    details = response.json().get("error", {}).get("details") or []
+    return bool(details) and all(detail.get("code") == "not_found" for detail in details)
 
 
 def _feedback(answer: Answer) -> dict[str, Any]:
