@@ -1,6 +1,7 @@
 """`flywheel demo --quick`, as a new user runs it: a fresh process, an empty directory, the
 embedded default (nothing configured). It must end with a promoted adapter whose held-out
-metric beats what it was measured against, and a report."""
+metric beats what it was measured against, live traffic through the gateway rated per version,
+and a report."""
 
 from __future__ import annotations
 
@@ -47,6 +48,14 @@ def test_the_quick_demo_promotes_an_adapter_that_learned(tmp_path: Path) -> None
     assert domains["support"]["preference pairs"] > 0
     assert domains["code"]["verified tasks"] > 0
     assert domains["arithmetic"]["dataset versions"] == 2
+    # live traffic went through the gateway to the champion of its time, and was rated
+    assert [round_["calls"] for round_ in summary["live"]] == [60, 60]
+    served = [list(round_["versions"]) for round_ in summary["live"]]
+    assert served == [["1"], [promoted[-1]["candidate"].removeprefix("v")]], served
+    live = {row["version"]: row for row in summary["versions"]}
+    assert live["v1"]["live_rated"] == 60, live
+    assert 0 <= live["v1"]["live_thumbs_up_rate"] <= 1
+    assert domains["arithmetic"]["interactions"] == 120
     report = Path(summary["report"]).read_text(encoding="utf-8")
     assert report.count("<svg") >= 2  # loss curves and held-out metrics
     assert "v1" in report

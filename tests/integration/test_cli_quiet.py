@@ -162,7 +162,10 @@ def test_dataset_build_speaks_to_people_in_lines_not_a_dict(
     code, out, _ = run_cli(capsys, "dataset", "build", "--domain", "billing")
 
     assert code == 0
-    assert out == "built billing v1: train 1 items (1 task) in 1 groups; eval 0 items in 0 groups\n"
+    # the one group's split is drawn by a hash of the (random) domain id: either side
+    one_side = ("train 1 items (1 task) in 1 groups; eval 0 items in 0 groups",
+                "train 0 items in 0 groups; eval 1 items (1 task) in 1 groups")  # fmt: skip
+    assert out in {f"built billing v1: {line}\n" for line in one_side}
 
 
 def test_verify_says_when_ingest_already_verified_every_task(
