@@ -49,6 +49,7 @@ from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import Run
 from flywheel.registry.release import ReleaseConfig, release_config
 from flywheel.registry.service import promote
+from flywheel.registry.webhooks import deliver_after_move
 from flywheel.scheduling.config import CycleSettings, Method, cycle_settings
 from flywheel.scheduling.runs import claim_run
 from flywheel.settings import Settings
@@ -411,4 +412,7 @@ class _Cycle:
                 actor=f"cycle:{self.run_id}",
                 reason=f"gate passed against {_named(gate.get('against'))}",
             )
-            return {"promoted": True, "version": version, "promotion_event_id": str(event.id)}
+            event_id = event.id
+        sent = deliver_after_move(self.sessions, event_id)  # never raises: retried later
+        return {"promoted": True, "version": version, "promotion_event_id": str(event_id),
+                "webhooks": sent.as_json()}  # fmt: skip

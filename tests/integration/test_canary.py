@@ -37,6 +37,7 @@ from flywheel.settings import Settings
 from flywheel.tenancy.service import get_domain
 from tests.conftest import Caller, run_cli
 from tests.integration.test_registry import PASSED, register
+from tests.integration.test_webhooks import SECRET, serve_receiver
 
 CANARY = {"challenger_share": 0.1, "auto_promote": True, "auto_rollback": True}
 
@@ -359,6 +360,29 @@ def test_a_cycle_in_a_canary_domain_leaves_its_candidate_the_challenger(
         assert canary.alias_version("acme.billing", "champion") == "1"
     else:
         assert canary.alias_version("acme.billing", "champion") == "2"
+
+
+def test_an_inline_cycles_promotion_sends_its_webhooks_at_once(
+    sessions: sessionmaker[Session],
+    acme: Caller,
+    canary: MlflowRegistry,
+    settings: Settings,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """`flywheel cycle` (no worker running) announces its promotion before it returns."""
+    configure(sessions, {})  # no canary: the cycle promotes
+    resumable_cycle(sessions, acme, "2")
+    uri = settings.model_copy(update={"mlflow_tracking_uri": canary.tracking_uri})
+    with serve_receiver() as receiver:
+        monkeypatch.setenv("FLYWHEEL_WEBHOOK_URLS", receiver.url)
+        monkeypatch.setenv("FLYWHEEL_WEBHOOK_SECRET", SECRET)
+
+        outcome = run_cycle(sessions, CycleRequest(acme.tenant_id, "billing"), uri)
+
+    result = outcome.steps["promote"]["result"]
+    assert (result["promoted"], result["webhooks"]["delivered"]) == (True, 1), result
+    assert [payload["data"]["to_version"] for payload in receiver.payloads()] == ["2"]
+    assert all(item.is_signed for item in receiver.received)
 
 
 def simulated(rate: float, ratings: int, rng: random.Random, version: str) -> LiveRates:
