@@ -167,15 +167,17 @@ def event_row(
     event: NewFeedback,
     idempotency_key: str | None,
     request_sha256: str,
-    domain_id: uuid.UUID,
+    domain_id: uuid.UUID | None,
     now: datetime,
 ) -> dict[str, Any]:
-    """A batch event's columns, its fingerprint computed with the batch's."""
+    """An event's columns (its fingerprint computed by the caller: a batch's with the
+    batch's); without `domain_id` when None (a single event's is resolved in its INSERT)."""
+    domain = {} if domain_id is None else {"domain_id": domain_id}
     return {
         "id": uuid.uuid4(),
         "created_at": now,
         "tenant_id": tenant_id,
-        "domain_id": domain_id,
+        **domain,
         "interaction_id": event.interaction_id,
         "kind": event.kind,
         "value": event.value,

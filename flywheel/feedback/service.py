@@ -177,7 +177,9 @@ def record_feedback(
     NotFound for an unknown interaction or domain, Conflict for a reused key or event id.
     Core statements only, on `connection` (see `flywheel.db.core_transaction`).
     """
-    row = _feedback_row(tenant_id, new, idempotency_key, utcnow())
+    row = batches.event_row(
+        tenant_id, new, idempotency_key, request_fingerprint(new), None, utcnow()
+    )
     if new.interaction_id is not None:
         is_stored = _insert_one(
             connection, FEEDBACK_EVENTS, row, found_by="interaction_id", key=new.interaction_id
@@ -375,27 +377,6 @@ def _replayed(
         interaction_id=event.interaction_id,
         is_replay=True,
     )
-
-
-def _feedback_row(
-    tenant_id: uuid.UUID, event: NewFeedback, idempotency_key: str | None, now: datetime
-) -> dict[str, Any]:
-    """The event's columns, all but `domain_id`."""
-    return {
-        "id": uuid.uuid4(),
-        "created_at": now,
-        "tenant_id": tenant_id,
-        "interaction_id": event.interaction_id,
-        "kind": event.kind,
-        "value": event.value,
-        "messages": event.messages,
-        "tools": event.tools,
-        "response": event.response,
-        "rater": event.rater,
-        "event_id": event.event_id,
-        "idempotency_key": idempotency_key,
-        "request_sha256": request_fingerprint(event),
-    }
 
 
 DomainLookup = Literal["domain_name", "interaction_id"]
