@@ -11,6 +11,8 @@ in a directory that does not exist (SQLite): the machine's PostgreSQL is never s
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
@@ -214,8 +216,13 @@ def test_500_calls_are_written_in_few_transactions(
     assert len(commits) == 3  # 200 + 200 + 100, one transaction each
 
 
+@pytest.mark.parametrize("in_child", [False, True], ids=["in-thread", "in-child-process"])
 def test_texts_are_redacted_before_they_are_written(
-    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+    sessions: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+    in_child: bool,
 ) -> None:
     arguments = orjson.dumps({"token": TOKEN, "account": 7}).decode()
     messages = [
@@ -245,7 +252,7 @@ def test_texts_are_redacted_before_they_are_written(
     )
 
     async def scenario() -> None:
-        recorder = Recorder(sessions, recorder_settings)
+        recorder = Recorder(sessions, recorder_settings, redact_in_child=in_child)
         await recorder.start()
         recorder.submit(record)
         await recorder.aclose()
@@ -270,6 +277,33 @@ def test_texts_are_redacted_before_they_are_written(
     # The same address is the same surrogate within the call, in the prompt and the response.
     surrogate = stored.messages[0]["content"].removeprefix("Send the invoice to ").split()[0]
     assert surrogate in stored.response
+
+
+def test_a_redaction_process_that_dies_loses_nothing_and_is_replaced(
+    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+) -> None:
+    async def scenario() -> tuple[list[int], dict[str, int]]:
+        recorder = Recorder(sessions, recorder_settings, redact_in_child=True)
+        await recorder.start()
+        children: list[int] = []
+        for round_ in range(3):
+            for index in range(5):
+                recorder.submit(call(acme, domain_id, response=f"{round_}.{index} to {EMAIL}"))
+            await recorder.flush()
+            pool = recorder._worker._pool  # type: ignore[union-attr]
+            (child,) = pool._processes.values()  # type: ignore[union-attr]
+            children.append(child.pid)
+            os.kill(child.pid, signal.SIGKILL)  # the next batch finds it dead
+            child.join(10)
+        await recorder.aclose()
+        return children, recorder.counters
+
+    children, counters = run(scenario())
+    assert len(set(children)) == 3  # a fresh child after each death
+    assert (counters["recorded"], counters["dropped"]) == (15, 0)
+    stored = rows(sessions)
+    assert len(stored) == 15
+    assert all(EMAIL not in row.response for row in stored)
 
 
 def test_a_database_that_is_down_sends_calls_to_the_spool_replayed_once(
