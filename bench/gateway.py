@@ -348,8 +348,9 @@ def run(database_url: str, key: str, args: argparse.Namespace, label: str, delay
             wait_ready(f"http://127.0.0.1:{port}/healthz")
             headers = {"Authorization": f"Bearer {key}"}
             targets.append(Target(name, f"http://127.0.0.1:{port}/v1", "billing", headers))
+        judged = "issue 19's goal is judged here" if label == "realistic" else "CPU cost only"
         print(
-            f"{label}: stand-in delay {delay_ms:g} ms, {args.connections} connections; "
+            f"{label} ({judged}): stand-in delay {delay_ms:g} ms, {args.connections} conns; "
             f"{os.cpu_count()} CPUs shared by wrk, the stand-in, the gateways and PostgreSQL",
             flush=True,
         )
