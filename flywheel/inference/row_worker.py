@@ -17,6 +17,9 @@ from __future__ import annotations
 
 import logging
 import multiprocessing
+import os
+import threading
+import time
 from concurrent.futures import ProcessPoolExecutor
 from typing import TYPE_CHECKING
 
@@ -67,6 +70,15 @@ def _start_child(key: bytes) -> None:
     from flywheel.inference.recording import SpanCache
 
     _child = (key, SpanCache())
+    parent = os.getppid()
+    threading.Thread(target=_exit_when_orphaned, args=(parent,), daemon=True).start()
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """A gateway killed outright (SIGKILL) cannot stop its child: the child stops itself."""
+    while os.getppid() == parent:
+        time.sleep(1)
+    os._exit(0)
 
 
 def _rows_in_child(records: list[CallRecord]) -> list[Row | None]:

@@ -14,6 +14,9 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from datetime import UTC, datetime
@@ -726,3 +729,39 @@ def test_two_processes_sharing_a_spool_never_replay_it_both(tmp_path: Path) -> N
     second.done(again)
     assert not path.exists()
     assert first.size_bytes() == second.size_bytes() == 0
+
+
+def test_the_redaction_process_ends_when_its_gateway_is_killed_outright() -> None:
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\n"
+            "from flywheel.inference.row_worker import RowWorker\n"
+            "worker = RowWorker(b'k' * 32)\n"
+            "assert worker.rows([]) == []\n"
+            "print(*worker._pool._processes, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)  # alive
+    parent.kill()
+    parent.wait(10)
+    parent.stdout.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _is_alive(child):
+        time.sleep(0.1)
+    assert not _is_alive(child)
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie waits for init to reap it: gone
+        return stat.read().split(") ")[-1][0] != "Z"
