@@ -54,7 +54,7 @@ import threading
 import time
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -67,6 +67,7 @@ from sqlalchemy.orm import Session
 
 from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.feedback.models import Interaction
+from flywheel.inference.row_worker import RowWorker
 from flywheel.inference.spool import MIB, Spool, decode_rows, encode_row
 from flywheel.redaction import Span, Surrogates, apply, find_spans
 from flywheel.redaction.keys import redaction_key
@@ -132,8 +133,10 @@ class Recorder:
         flush_interval_ms: float = 50.0,
         queue_size: int = 10_000,
         retry_interval_s: float = 5.0,
+        redact_in_child: bool = False,
     ) -> None:
         self.sessions = sessions
+        self._worker = RowWorker(redaction_key()) if redact_in_child else None
         self.spool = Spool(
             settings.resolved_gateway_spool_path, int(settings.gateway_spool_max_mb * MIB)
         )
@@ -200,6 +203,8 @@ class Recorder:
             self._task = None
         await self.flush(replay=False)
         self.spool.close()
+        if self._worker is not None:
+            await asyncio.to_thread(self._worker.close)
 
     @property
     def counters(self) -> dict[str, int]:
@@ -267,8 +272,16 @@ class Recorder:
         if replay and self._is_database_up() and self.spool.has_lines():
             self._is_replaying = self._replay_chunk() and self.spool.has_lines()
 
-    def _rows(self, records: Iterable[CallRecord]) -> list[Row]:
-        """The records' rows, redacted; a record that cannot be made one is dropped, counted."""
+    def _rows(self, records: list[CallRecord]) -> list[Row]:
+        """The records' rows, redacted (by the child process with `redact_in_child`, else or
+        when it fails, here); a record that cannot be made one is dropped, counted."""
+        made = self._worker.rows(records) if self._worker is not None and records else None
+        if made is None:
+            return self._rows_here(records)
+        self._drop("unexpected", made.count(None))
+        return [row for row in made if row is not None]
+
+    def _rows_here(self, records: list[CallRecord]) -> list[Row]:
         rows = []
         for record in records:
             # Redacting holds the GIL; giving it up between records lets the event loop in at
@@ -390,11 +403,17 @@ def _tenants_own(session: Session, rows: list[Row]) -> list[Row]:
 # Rows: redacted, as written and as spooled.
 
 
-def interaction_row(record: CallRecord, spans: Callable[[str], list[Span]] = find_spans) -> Row:
+def interaction_row(
+    record: CallRecord,
+    spans: Callable[[str], list[Span]] = find_spans,
+    *,
+    key: bytes | None = None,
+) -> Row:
     """The `interactions` row of a call: its texts redacted (`spans` finds what to replace: a
-    `SpanCache` remembers), the report in its metadata."""
+    `SpanCache` remembers; `key` keys surrogates, `redaction_key()` when None), the report in
+    its metadata."""
     messages_json = orjson.dumps(record.messages).decode()
-    redactor = _Redactor(group_key_of(messages_json), spans)
+    redactor = _Redactor(group_key_of(messages_json), spans, key or redaction_key())
     messages = [map_texts(message, redactor) for message in record.messages]
     response = redactor(record.response)
     tool_calls = _redacted_tool_calls(record.response_tool_calls, redactor)
@@ -454,9 +473,9 @@ class SpanCache:
 class _Redactor:
     """`redact` on each text of one call, in the scope of its conversation, summing counts."""
 
-    def __init__(self, scope: str, spans: Callable[[str], list[Span]]) -> None:
+    def __init__(self, scope: str, spans: Callable[[str], list[Span]], key: bytes) -> None:
         self.spans = spans
-        self.surrogates = Surrogates(redaction_key(), scope)
+        self.surrogates = Surrogates(key, scope)
         self.counts: Counter[str] = Counter()
 
     def __call__(self, text: str) -> str:

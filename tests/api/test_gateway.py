@@ -14,7 +14,7 @@ import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -66,13 +66,16 @@ class Served:
     loop: asyncio.AbstractEventLoop
     standin: RunningStandin
     settings: Settings
+    clients: list[openai.OpenAI] = field(default_factory=list)  # closed with the gateway
 
     @property
     def base_url(self) -> str:
         return f"http://127.0.0.1:{self.port}/v1"
 
     def client(self, key: str) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=20)
+        client = openai.OpenAI(base_url=self.base_url, api_key=key, max_retries=0, timeout=20)
+        self.clients.append(client)  # else its socket may be collected unclosed, any time later
+        return client
 
     def flush(self) -> None:
         recorder = self.app.state.gateway.recorder
@@ -135,9 +138,12 @@ def serve_gateway(
     while not server.started:
         assert thread.is_alive(), "the gateway did not start"
         time.sleep(0.01)
+    served = Served(app, sock.getsockname()[1], loop, standin, settings)
     try:
-        yield Served(app, sock.getsockname()[1], loop, standin, settings)
+        yield served
     finally:
+        for client in served.clients:
+            client.close()
         server.should_exit = True
         thread.join(timeout=20)
         loop.close()

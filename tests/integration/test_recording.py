@@ -11,7 +11,12 @@ in a directory that does not exist (SQLite): the machine's PostgreSQL is never s
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import socket
+import subprocess
+import sys
+import time
 import uuid
 from collections.abc import Callable, Coroutine, Iterator
 from datetime import UTC, datetime
@@ -214,8 +219,13 @@ def test_500_calls_are_written_in_few_transactions(
     assert len(commits) == 3  # 200 + 200 + 100, one transaction each
 
 
+@pytest.mark.parametrize("in_child", [False, True], ids=["in-thread", "in-child-process"])
 def test_texts_are_redacted_before_they_are_written(
-    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+    sessions: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+    in_child: bool,
 ) -> None:
     arguments = orjson.dumps({"token": TOKEN, "account": 7}).decode()
     messages = [
@@ -245,7 +255,7 @@ def test_texts_are_redacted_before_they_are_written(
     )
 
     async def scenario() -> None:
-        recorder = Recorder(sessions, recorder_settings)
+        recorder = Recorder(sessions, recorder_settings, redact_in_child=in_child)
         await recorder.start()
         recorder.submit(record)
         await recorder.aclose()
@@ -270,6 +280,33 @@ def test_texts_are_redacted_before_they_are_written(
     # The same address is the same surrogate within the call, in the prompt and the response.
     surrogate = stored.messages[0]["content"].removeprefix("Send the invoice to ").split()[0]
     assert surrogate in stored.response
+
+
+def test_a_redaction_process_that_dies_loses_nothing_and_is_replaced(
+    sessions: sessionmaker[Session], recorder_settings: Settings, acme: Caller, domain_id: uuid.UUID
+) -> None:
+    async def scenario() -> tuple[list[int], dict[str, int]]:
+        recorder = Recorder(sessions, recorder_settings, redact_in_child=True)
+        await recorder.start()
+        children: list[int] = []
+        for round_ in range(3):
+            for index in range(5):
+                recorder.submit(call(acme, domain_id, response=f"{round_}.{index} to {EMAIL}"))
+            await recorder.flush()
+            pool = recorder._worker._pool  # type: ignore[union-attr]
+            (child,) = pool._processes.values()  # type: ignore[union-attr]
+            children.append(child.pid)
+            os.kill(child.pid, signal.SIGKILL)  # the next batch finds it dead
+            child.join(10)
+        await recorder.aclose()
+        return children, recorder.counters
+
+    children, counters = run(scenario())
+    assert len(set(children)) == 3  # a fresh child after each death
+    assert (counters["recorded"], counters["dropped"]) == (15, 0)
+    stored = rows(sessions)
+    assert len(stored) == 15
+    assert all(EMAIL not in row.response for row in stored)
 
 
 def test_a_database_that_is_down_sends_calls_to_the_spool_replayed_once(
@@ -692,3 +729,39 @@ def test_two_processes_sharing_a_spool_never_replay_it_both(tmp_path: Path) -> N
     second.done(again)
     assert not path.exists()
     assert first.size_bytes() == second.size_bytes() == 0
+
+
+def test_the_redaction_process_ends_when_its_gateway_is_killed_outright() -> None:
+    parent = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\n"
+            "from flywheel.inference.row_worker import RowWorker\n"
+            "worker = RowWorker(b'k' * 32)\n"
+            "assert worker.rows([]) == []\n"
+            "print(*worker._pool._processes, flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    os.kill(child, 0)  # alive
+    parent.kill()
+    parent.wait(10)
+    parent.stdout.close()
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _is_alive(child):
+        time.sleep(0.1)
+    assert not _is_alive(child)
+
+
+def _is_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as stat:  # a zombie waits for init to reap it: gone
+        return stat.read().split(") ")[-1][0] != "Z"

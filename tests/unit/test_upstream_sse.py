@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import httpx
+import orjson
 import pytest
 
 from flywheel.inference.backends import BackendError
@@ -42,19 +42,19 @@ def test_an_error_event_mid_stream_is_an_upstream_error() -> None:
 
 
 def test_the_upstreams_message_is_cut_and_a_non_json_body_is_never_passed_on() -> None:
-    long = httpx.Response(500, json={"error": {"message": "x" * 5000}})
-    assert len(upstream_error(long).message) < MAX_MESSAGE_CHARS + 40
-    html = httpx.Response(502, text="<html>nginx internal 10.0.0.7</html>")
-    assert upstream_error(html).message == "the upstream answered 502: HTTP 502"
-    flat = httpx.Response(400, json={"object": "error", "message": "bad", "code": 400})
-    assert upstream_error(flat).message == "the upstream answered 400: bad"
+    long = orjson.dumps({"error": {"message": "x" * 5000}})
+    assert len(upstream_error(500, long).message) < MAX_MESSAGE_CHARS + 40
+    html = b"<html>nginx internal 10.0.0.7</html>"
+    assert upstream_error(502, html).message == "the upstream answered 502: HTTP 502"
+    flat = orjson.dumps({"object": "error", "message": "bad", "code": 400})
+    assert upstream_error(400, flat).message == "the upstream answered 400: bad"
 
 
 def test_only_vllms_already_loaded_400_counts_as_loaded() -> None:
-    loaded = {"error": {"message": "The lora adapter 'a' has already been loaded."}}
-    assert is_already_loaded(httpx.Response(400, json=loaded))
+    loaded = orjson.dumps({"error": {"message": "The lora adapter 'a' has already been loaded."}})
+    assert is_already_loaded(400, loaded)
     old_vllm = {"object": "error", "message": "The lora adapter 'a' has already been loaded."}
-    assert is_already_loaded(httpx.Response(400, json=old_vllm))
+    assert is_already_loaded(400, orjson.dumps(old_vllm))
     other = {"error": {"message": "Both 'lora_name' and 'lora_path' must be provided."}}
-    assert not is_already_loaded(httpx.Response(400, json=other))
-    assert not is_already_loaded(httpx.Response(500, json=loaded))
+    assert not is_already_loaded(400, orjson.dumps(other))
+    assert not is_already_loaded(500, loaded)
