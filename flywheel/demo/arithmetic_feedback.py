@@ -167,7 +167,9 @@ def _digest(text: str) -> str:
 def live_problems(round_number: int, count: int) -> list[Problem]:
     """The questions the demo's simulated users ask through the gateway in live round
     `round_number` (1, 2, ...): `count` problems no feedback batch holds, and no earlier
-    round, half of them carries (small sums and into the hundreds alike)."""
+    round, a third each of two-digit carries (batch 1's skill), carries into the hundreds
+    (batch 2's) and sums without a carry (what the base knew), so each round's thumbs-up
+    rate weighs what each adapter learned and what it may have forgotten alike."""
     taken = {
         problem
         for batch in (1, 2)
@@ -176,9 +178,14 @@ def live_problems(round_number: int, count: int) -> list[Problem]:
         for problem in problems_of_batch
     }
     fresh = [p for p in all_problems() if p not in taken]
-    carries = [p for p in fresh if p.carries]
-    plain = [p for p in fresh if not p.carries]
-    half = count // 2
-    start = (round_number - 1) * half
-    chosen = carries[start : start + count - half] + plain[start : start + half]
+    kinds = (
+        [p for p in fresh if p.carries and p.a + p.b < 100],
+        [p for p in fresh if p.carries and p.a + p.b >= 100],
+        [p for p in fresh if not p.carries],
+    )
+    chosen: list[Problem] = []
+    for index, pool in enumerate(kinds):
+        size = count // 3 if index < 2 else count - 2 * (count // 3)
+        start = (round_number - 1) * size
+        chosen += pool[start : start + size]
     return sorted(chosen, key=lambda p: _digest(f"live:{p.prompt}"))

@@ -210,3 +210,15 @@ def test_the_arithmetic_skill_rules_label_exactly_the_carries_and_the_rest() -> 
         assert bool(carry.search(problem.prompt)) == problem.carries, problem.prompt
         assert bool(plain.search(problem.prompt)) == (not problem.carries), problem.prompt
     assert arithmetic_plan(quick=True)["slice_rules"] == SKILL_RULES
+
+
+def test_the_arithmetic_sum_rules_label_exactly_the_sums_into_the_hundreds_and_the_rest() -> None:
+    import re
+
+    from flywheel.demo.arithmetic import SKILL_RULES, problems
+
+    three, two = (re.compile(SKILL_RULES[name]) for name in ("sum:three-digit", "sum:two-digit"))
+    for problem in problems():
+        is_three = problem.a + problem.b >= 100
+        assert bool(three.search(problem.prompt)) == is_three, problem.prompt
+        assert bool(two.search(problem.prompt)) == (not is_three), problem.prompt
