@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from typing import TYPE_CHECKING
 
 import typer
@@ -66,6 +67,11 @@ def gateway(
     url = f"http://{host}:{port}/v1"
     data = {"url": url, "workers": workers, "upstream": upstream_url, "revision": revision}
     emit(data, as_json=as_json, text=f"gateway {url} -> {upstream_url}; Ctrl-C stops")
+    if server is not None:
+        # uvicorn ends a SIGTERMed server by re-raising SIGTERM once it has shut down; with
+        # the default handler that kills this process before `finally` stops the local
+        # server. Raised as SystemExit instead, `finally` runs.
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
     try:
         _run_uvicorn(
             settings(),
@@ -79,6 +85,10 @@ def gateway(
     finally:
         if server is not None:
             server.stop()
+
+
+def _exit_on_sigterm(signum: int, _frame: object) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _secret_from(variable: str) -> str:

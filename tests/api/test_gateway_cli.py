@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import openai
+import psutil
 import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -94,3 +95,48 @@ def test_bad_options_are_one_line_errors(
         capsys, "gateway", "--upstream-url", "http://x/v1", "--upstream-key-env", "NOPE_UNSET"
     )
     assert (code, err) == (2, "error: --upstream-key-env NOPE_UNSET: that variable is not set\n")
+
+
+def test_a_stopped_local_gateway_leaves_no_local_server(database_url: str, tmp_path: Path) -> None:
+    """`flywheel gateway --backend local` stopped with SIGTERM (what `kill`, systemd and the
+    demo send) stops the transformers server it started (it was left running: uvicorn
+    re-raises SIGTERM after its shutdown, which skipped the command's `finally`)."""
+    model = tmp_path / "tiny"
+    built = subprocess.run(
+        [sys.executable, "-m", "finetune.tiny", "--out", str(model)],
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert built.returncode == 0, built.stderr[-2000:]
+    port = free_port()
+    env = {**os.environ, "FLYWHEEL_DATABASE_URL": database_url, "FLYWHEEL_HOME": str(tmp_path)}
+    command = [sys.executable, "-m", "flywheel", "gateway", "--port", str(port),
+               "--backend", "local", "--base-model", str(model), "--no-access-log"]  # fmt: skip
+    log = tmp_path / "gateway.log"
+    with log.open("w") as output:
+        process = subprocess.Popen(command, env=env, stdout=output, stderr=subprocess.STDOUT)
+    try:
+        _wait_healthy(port, process, log, within_s=240)
+        servers = [
+            child
+            for child in psutil.Process(process.pid).children(recursive=True)
+            if "finetune.serve" in " ".join(child.cmdline())
+        ]
+        assert servers, log.read_text()
+    finally:
+        process.terminate()
+        process.wait(timeout=60)
+    _, alive = psutil.wait_procs(servers, timeout=30)
+    assert alive == [], f"left running: {alive}"
+
+
+def _wait_healthy(port: int, process: subprocess.Popen[bytes], log: Path, within_s: float) -> None:
+    deadline = time.monotonic() + within_s
+    while True:
+        try:
+            if httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=1).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        assert process.poll() is None, log.read_text()
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.2)

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import re
+import subprocess
 import sys
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from flywheel.errors import InvalidState
@@ -68,3 +71,43 @@ def test_the_serve_command_is_the_contracts() -> None:
         "-m", "finetune.serve", "--base-model", "/models/tiny", "--host", "127.0.0.1",
         "--port", "0",
     ]  # fmt: skip
+
+
+def test_the_server_dies_with_the_process_that_started_it() -> None:
+    """A gateway killed outright (SIGKILL: no `stop`, no `finally`) leaves no local server."""
+    parent = subprocess.Popen(
+        [sys.executable, "-c", PARENT, *STANDIN, "--base-model", "tiny"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    assert psutil.pid_exists(child)
+
+    parent.kill()
+    parent.wait()
+    parent.stdout.close()
+
+    assert _gone(child, within_s=20), f"the local server {child} outlived its gateway"
+
+
+PARENT = """
+import sys, time
+from flywheel.inference.local import LocalServer
+server = LocalServer(sys.argv[1:])
+server.start()
+print(server.process.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def _gone(pid: int, *, within_s: float) -> bool:
+    deadline = time.monotonic() + within_s
+    while time.monotonic() < deadline:
+        try:
+            if psutil.Process(pid).status() == psutil.STATUS_ZOMBIE:
+                return True
+        except psutil.NoSuchProcess:
+            return True
+        time.sleep(0.1)
+    return False
