@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import asdict, dataclass, field, replace
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 
 from sqlalchemy import func, select
@@ -173,14 +173,9 @@ def _went_live(session: Session, challenger: ModelVersion) -> datetime:
     )
     since: datetime = first or challenger.created_at
     crowned = latest_champion_event(session, challenger.domain_id)
-    if crowned is not None and _aware(crowned.created_at) > _aware(since):
+    if crowned is not None and crowned.created_at > since:
         since = crowned.created_at
     return since
-
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite hands timestamps back naive (in UTC); PostgreSQL aware."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _retire(

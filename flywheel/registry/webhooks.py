@@ -268,17 +268,12 @@ def _next_due(
             ).first()
             if soonest is None or soonest.next_attempt_at is None:
                 return None
-            if _aware(soonest.next_attempt_at) > deadline:
+            if soonest.next_attempt_at > deadline:
                 return None
-            wait = (_aware(soonest.next_attempt_at) - utcnow()).total_seconds()
+            wait = (soonest.next_attempt_at - utcnow()).total_seconds()
             if wait <= 0 and _claim(session, soonest, claim_s):
                 return soonest
         time.sleep(max(wait, 0))
-
-
-def _aware(moment: datetime) -> datetime:
-    """SQLite hands timestamps back naive (in UTC), PostgreSQL aware."""
-    return moment if moment.tzinfo else moment.replace(tzinfo=UTC)
 
 
 def _claim(session: Session, row: WebhookDelivery, claim_s: float) -> bool:
