@@ -81,14 +81,20 @@ async def _shared_store_error(_request: Request, error: Exception) -> JSONRespon
     return error_response(503, "shared_store_unavailable", message, headers={"Retry-After": "1"})
 
 
-async def _flywheel_error(_request: Request, error: FlywheelError) -> JSONResponse:
-    headers = None
+def error_headers(error: FlywheelError) -> dict[str, str] | None:
+    """The headers an error's status asks for: Retry-After on 429, WWW-Authenticate on 401."""
     if isinstance(error, RateLimited):
-        headers = {"Retry-After": str(max(1, round(error.retry_after_s + 0.5)))}
+        return {"Retry-After": str(max(1, round(error.retry_after_s + 0.5)))}
     if isinstance(error, Unauthenticated):
-        headers = {"WWW-Authenticate": "Bearer"}
+        return {"WWW-Authenticate": "Bearer"}
+    return None
+
+
+async def _flywheel_error(_request: Request, error: FlywheelError) -> JSONResponse:
     status = STATUS_BY_CODE.get(error.code, 400)
-    return error_response(status, error.code, error.message, details=error.details, headers=headers)
+    return error_response(
+        status, error.code, error.message, details=error.details, headers=error_headers(error)
+    )
 
 
 async def _validation_error(_request: Request, error: RequestValidationError) -> JSONResponse:

@@ -33,12 +33,12 @@ import flywheel
 from api import health
 from api.app import _freeze_startup_objects
 from api.auth import make_authenticator, require
-from api.errors import CODE_BY_HTTP_STATUS, STATUS_BY_CODE
+from api.errors import CODE_BY_HTTP_STATUS, STATUS_BY_CODE, error_headers
 from api.gateway_calls import Gateway
 from api.gateway_schemas import ChatRequest, ModelCard, ModelList
 from api.middleware import ApiMetrics, BodyLimit, RequestMetrics
 from flywheel.db import make_engine, make_session_factory
-from flywheel.errors import FlywheelError, InvalidInput, RateLimited, Unauthenticated
+from flywheel.errors import FlywheelError, InvalidInput
 from flywheel.inference.backends import BackendError, ChatBackend
 from flywheel.inference.recording import Recorder, recorder_collector
 from flywheel.inference.routing import Adapters, Router
@@ -249,14 +249,11 @@ def install_openai_errors(app: FastAPI) -> None:
 
 
 async def _flywheel_error(_request: Request, error: FlywheelError) -> JSONResponse:
-    headers = None
-    if isinstance(error, RateLimited):
-        headers = {"Retry-After": str(max(1, round(error.retry_after_s + 0.5)))}
-    if isinstance(error, Unauthenticated):
-        headers = {"WWW-Authenticate": "Bearer"}
     param = (error.details or [{}])[0].get("param")
     status = STATUS_BY_CODE.get(error.code, 400)
-    return openai_error(status, error.code, error.message, param=param, headers=headers)
+    return openai_error(
+        status, error.code, error.message, param=param, headers=error_headers(error)
+    )
 
 
 async def _backend_error(_request: Request, error: BackendError) -> JSONResponse:
