@@ -29,7 +29,13 @@ from sqlalchemy.orm import Session
 from flywheel.errors import InvalidInput
 from flywheel.registry.mlflow_registry import Registry
 from flywheel.registry.models import ModelVersion, PromotionEvent
-from flywheel.registry.service import CHALLENGER, CHAMPION, _take_turn, current_champion
+from flywheel.registry.service import (
+    CHALLENGER,
+    CHAMPION,
+    _take_turn,
+    current_champion,
+    drop_challenger_alias,
+)
 from flywheel.tenancy.models import Domain
 
 
@@ -122,7 +128,5 @@ def retire_challenger(
     )
     session.add(event)
     session.flush()
-    name = challenger.registered_model
-    if registry.alias_version(name, CHALLENGER) == challenger.version:
-        registry.delete_alias(name, CHALLENGER)
+    drop_challenger_alias(registry, challenger)
     return event

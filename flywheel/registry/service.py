@@ -276,8 +276,7 @@ def _move(
     session.flush()  # the record first: an MLflow failure below rolls it back
     webhooks.enqueue(session, event=event, target=target, current=current)  # same transaction
     registry.set_alias(target.registered_model, CHAMPION, target.version)
-    if registry.alias_version(target.registered_model, CHALLENGER) == target.version:
-        registry.delete_alias(target.registered_model, CHALLENGER)  # it is no longer a challenger
+    drop_challenger_alias(registry, target)  # it is no longer a challenger
     registry.set_version_tag(
         target.registered_model,
         target.version,
@@ -285,6 +284,13 @@ def _move(
         f"{utcnow().isoformat()} by {actor}" + (" (forced)" if force else ""),
     )
     return event
+
+
+def drop_challenger_alias(registry: Registry, version: ModelVersion) -> None:
+    """MLflow's `challenger` alias off `version`, when it still marks it (a newer registration
+    may have moved it on)."""
+    if registry.alias_version(version.registered_model, CHALLENGER) == version.version:
+        registry.delete_alias(version.registered_model, CHALLENGER)
 
 
 def _evidence(target: ModelVersion, current: ModelVersion | None) -> dict[str, Any]:
