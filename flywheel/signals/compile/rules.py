@@ -176,6 +176,9 @@ def judge(evidence: PromptEvidence) -> Verdicts:
     verdicts.pairs = [
         PairOut(evidence.texts[chosen], evidence.texts[rejected], weight, why, refs)
         for (chosen, rejected), (weight, why, refs) in standing.items()
+        # a blank response (a model that said nothing) is no side of a pair: both sides of a
+        # preference need text; its correction still becomes an SFT example below
+        if evidence.texts[chosen].strip() and evidence.texts[rejected].strip()
     ]
     verdicts.sft = _sft(evidence, standing)
     verdicts.labels = _labels(evidence, standing, newest)
