@@ -72,13 +72,21 @@ def install_error_handlers(app: FastAPI) -> None:
     app.add_exception_handler(FlywheelError, _flywheel_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _validation_error)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
-    for unreachable in (RedisError, StorageError):  # FLYWHEEL_REDIS_URL set, Redis not there
+    for unreachable in SHARED_STORE_ERRORS:
         app.add_exception_handler(unreachable, _shared_store_error)
 
 
+SHARED_STORE_ERRORS = (RedisError, StorageError)  # FLYWHEEL_REDIS_URL set, Redis not there
+SHARED_STORE_RETRY = {"Retry-After": "1"}
+
+
+def shared_store_message(error: Exception) -> str:
+    return f"the shared limit store (Redis) is unavailable: {type(error).__name__}"
+
+
 async def _shared_store_error(_request: Request, error: Exception) -> JSONResponse:
-    message = f"the shared limit store (Redis) is unavailable: {type(error).__name__}"
-    return error_response(503, "shared_store_unavailable", message, headers={"Retry-After": "1"})
+    message = shared_store_message(error)
+    return error_response(503, "shared_store_unavailable", message, headers=SHARED_STORE_RETRY)
 
 
 def error_headers(error: FlywheelError) -> dict[str, str] | None:

@@ -129,6 +129,30 @@ TASK = body_examples(
         "visible_tests": "assert prorate(0, 1, 30) == 0\n",
     },
     answer={"domain": "billing", "kind": "answer", "prompt": "12 * 7 = ?", "answer": "84"},
+    tool_call={
+        "domain": "billing",
+        "kind": "tool_call",
+        "prompt": "Refund order B-2 in full.",
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "issue_refund",
+                    "parameters": {
+                        "type": "object",
+                        "properties": {
+                            "order_id": {"type": "string"},
+                            "amount": {"type": "number"},
+                        },
+                        "required": ["order_id"],
+                    },
+                },
+            }
+        ],
+        "expected_calls": [
+            {"name": "issue_refund", "arguments": {"order_id": ["B-2"], "amount": ["", 12.5]}}
+        ],
+    },
 )
 RECIPE = body_examples(
     defaults={},

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 import orjson
 from starlette.responses import Response, StreamingResponse
-from starlette.types import Send
+from starlette.types import Receive, Scope, Send
 
 from api.gateway_schemas import ChatRequest
 from flywheel.inference.backends import Adapter, BackendError, ChatBackend
@@ -253,14 +253,47 @@ def _error_event(error: BackendError) -> bytes:
 
 
 class ClosingStreamingResponse(StreamingResponse):
-    """Closes its body iterator whichever way the response ends: a client that disconnects
-    makes `send` fail, and Starlette would leave the generator (and the upstream stream it
-    holds) to the garbage collector."""
+    """Server-sent events that end as soon as the client goes, and close their body iterator
+    whichever way they end (Starlette would leave the generator, and the upstream stream it
+    holds, to the garbage collector).
 
-    async def stream_response(self, send: Send) -> None:
+    Starlette's `StreamingResponse` watches for the disconnect (ASGI spec < 2.4, uvicorn's)
+    with an anyio task group per response, some 100 us of the event loop per stream here; one
+    plain task watches `receive` instead and cancels the streaming task where it waits (for
+    the upstream's next chunk, say), which then ends as Starlette's does: the response left
+    unfinished, the generator closed, the call recorded as abandoned."""
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        streaming = asyncio.current_task()
+        assert streaming is not None
+        watch = DisconnectWatch(streaming)
+        watcher = asyncio.ensure_future(watch.wait(receive))
         try:
-            await super().stream_response(send)
+            await self.stream_response(send)
+        except asyncio.CancelledError:
+            if not watch.has_cancelled or streaming.uncancel() > 0:
+                raise  # cancelled from elsewhere (a shutdown): not ours to swallow
         finally:
+            watch.is_over = True  # set before any await: the watcher cancels nothing after it
+            watcher.cancel()
             closing = getattr(self.body_iterator, "aclose", None)
             if closing is not None:
                 await closing()
+        if self.background is not None:
+            await self.background()
+
+
+class DisconnectWatch:
+    """Cancels `streaming` when the client disconnects before the stream is over."""
+
+    def __init__(self, streaming: asyncio.Task[Any]) -> None:
+        self.streaming = streaming
+        self.is_over = False
+        self.has_cancelled = False
+
+    async def wait(self, receive: Receive) -> None:
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        if not self.is_over:
+            self.has_cancelled = True
+            self.streaming.cancel()

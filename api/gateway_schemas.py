@@ -11,7 +11,15 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from pydantic import Field, JsonValue, StrictBool, StrictFloat, StrictInt, StringConstraints
+from pydantic import (
+    Field,
+    JsonValue,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StringConstraints,
+    field_validator,
+)
 
 from flywheel.feedback.values import (
     Messages,
@@ -72,6 +80,21 @@ class ChatRequest(StrictModel):
     metadata: Metadata | None = Field(
         default=None, description="OpenAI's request metadata: accepted, not sent upstream."
     )
+    logprobs: StrictBool | None = Field(
+        default=None, description="Not supported: only false (or absent) is accepted."
+    )
+    top_logprobs: StrictInt | None = Field(
+        default=None, description="Not supported: only absent (or null) is accepted."
+    )
+
+    @field_validator("logprobs", "top_logprobs")
+    @classmethod
+    def _no_logprobs(cls, value: bool | int | None) -> bool | int | None:
+        """Refused by name (OpenAI's 422 shape, `param` the field) rather than passed on: the
+        recorded interaction has no place for them, and the local backend cannot give them."""
+        if value is not None and value is not False:
+            raise ValueError("log probabilities are not supported by this gateway")
+        return value
 
     @property
     def wants_usage(self) -> bool:

@@ -10,6 +10,7 @@ from pydantic import (
     AfterValidator,
     BaseModel,
     Field,
+    JsonValue,
     StrictBool,
     StrictFloat,
     StrictInt,
@@ -18,6 +19,7 @@ from pydantic import (
 )
 
 from flywheel.feedback.values import (
+    MAX_SCHEMA_DEPTH,
     ComparisonFeedback,
     CorrectionFeedback,
     FeedbackCreate,
@@ -31,8 +33,11 @@ from flywheel.feedback.values import (
     Text,
     Tools,
     TurnToolCalls,
+    check_clean_json,
     check_clean_text,
 )
+from flywheel.sandbox.environment import spec_problem
+from flywheel.sandbox.toolcalls import expected_calls_problem, tools_problem
 
 __all__ = [
     "ComparisonFeedback",
@@ -181,11 +186,21 @@ class PreferencePairPage(BaseModel):
     next_after: uuid.UUID | None = Field(description="Pass as `after` for the next page.")
 
 
+def _check_deep_json(value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+    check_clean_json(value, limit=MAX_SCHEMA_DEPTH)
+    return value
+
+
+# A JSON object as deep as tool arguments nest, every string and number checked.
+DeepJson = Annotated[dict[str, JsonValue], AfterValidator(_check_deep_json)]
+
+
 class TaskCreate(StrictModel):
-    """A verifiable task: code with hidden tests, or a question with a checkable answer."""
+    """A verifiable task: code with hidden tests, a question with a checkable answer, the tool
+    calls a request should make, or an environment episode whose final state is checked."""
 
     domain: Name
-    kind: Literal["code", "answer"] = "code"
+    kind: Literal["code", "answer", "tool_call", "environment"] = "code"
     task_id: Name | None = Field(default=None, description="Your id for it (provenance).")
     prompt: Text
     entry_point: Name | None = None
@@ -195,14 +210,50 @@ class TaskCreate(StrictModel):
     answer: Text | None = None
     language: Literal["python"] = "python"
     group: Name | None = Field(default=None, description="Tasks of a group share a split.")
+    messages: Messages | None = Field(
+        default=None, description="The prompt as chat messages, when it is more than one turn."
+    )
+    tools: Tools | None = Field(
+        default=None, description="tool_call and environment: the functions offered (OpenAI's)."
+    )
+    expected_calls: list[DeepJson] | None = Field(
+        default=None,
+        description="tool_call: the calls to make, order-free, each argument with its "
+        'acceptable values (BFCL\'s form): [{"name": "f", "arguments": {"x": [1]}}]. '
+        "Never shown to a model.",
+    )
+    environment: DeepJson | None = Field(
+        default=None,
+        description="environment: its Python `source`, `classes` (name -> initial config), "
+        "`ground_truth` (turns of calls) and optional `max_steps`. Never shown to a model.",
+    )
 
     @model_validator(mode="after")
     def _checkable(self) -> Self:
-        if self.kind == "code" and (self.entry_point is None or self.hidden_tests is None):
-            raise ValueError("a code task needs 'entry_point' and 'hidden_tests'")
-        if self.kind == "answer" and self.answer is None:
-            raise ValueError("an answer task needs 'answer'")
+        if problem := _task_problem(self):
+            raise ValueError(problem)
         return self
+
+
+def _task_problem(task: TaskCreate) -> str | None:
+    """What keeps `task` from being checkable as its kind, or None."""
+    if task.kind == "code" and (task.entry_point is None or task.hidden_tests is None):
+        return "a code task needs 'entry_point' and 'hidden_tests'"
+    if task.kind == "answer" and task.answer is None:
+        return "an answer task needs 'answer'"
+    tools = None if task.tools is None else [tool.model_dump(mode="json") for tool in task.tools]
+    if task.kind == "tool_call" and (problem := expected_calls_problem(task.expected_calls, tools)):
+        return f"a tool_call task needs 'tools' and 'expected_calls': {problem}"
+    if task.kind == "environment":
+        if problem := spec_problem(task.environment):
+            return problem
+        if problem := tools_problem(tools):
+            return f"an environment task needs 'tools', the functions it offers: {problem}"
+    extra = {"tool_call": "expected_calls", "environment": "environment"}
+    for kind, field in extra.items():
+        if task.kind != kind and getattr(task, field) is not None:
+            return f"'{field}' belongs to a {kind} task, not a {task.kind} one"
+    return None
 
 
 class TaskRead(BaseModel):
@@ -213,6 +264,12 @@ class TaskRead(BaseModel):
     prompt: str
     entry_point: str | None
     visible_tests: str | None
+    messages: list[dict[str, Any]] | None = Field(
+        default=None, description="The prompt as chat messages, when it is more than one turn."
+    )
+    tools: list[dict[str, Any]] | None = Field(
+        default=None, description="The functions a tool_call or environment task offers."
+    )
     language: str
     verifier_status: str
     verifier_reason: str | None

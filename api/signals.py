@@ -18,7 +18,7 @@ from api.schemas import (
     TaskPage,
     TaskRead,
 )
-from flywheel.feedback.values import Name
+from flywheel.feedback.values import Name, as_json
 from flywheel.signals import service
 from flywheel.signals.candidates import Provenance, TaskCandidate
 from flywheel.signals.models import VerifiableTask
@@ -103,7 +103,9 @@ async def list_tasks(
 async def create_task(body: TaskCreate, request: Request, principal: Writer) -> Response:
     """Store a task, pending verifier QA; the same content again returns the stored one (200).
 
-    A `code` task needs `entry_point` and `hidden_tests` (Python), an `answer` task `answer`.
+    A `code` task needs `entry_point` and `hidden_tests` (Python), an `answer` task `answer`,
+    a `tool_call` task `tools` and `expected_calls`, an `environment` task `tools` and
+    `environment`; what checks a task (tests, answer, calls, environment) is never returned.
     Tasks of one `group` always land in the same split. Scope `feedback:write`.
     """
     task_id = body.task_id or str(uuid.uuid4())
@@ -117,6 +119,10 @@ async def create_task(body: TaskCreate, request: Request, principal: Writer) -> 
         task_kind=body.kind,
         answer=body.answer,
         language=body.language,
+        messages=as_json(body.messages),
+        tools=as_json(body.tools),
+        expected_calls=body.expected_calls,
+        environment=body.environment,
     )
     task, is_new = await in_transaction(
         request, service.add_task, tenant_id=principal.tenant_id, domain=body.domain, task=candidate
@@ -135,6 +141,8 @@ def _task_read(task: VerifiableTask) -> TaskRead:
         prompt=task.prompt,
         entry_point=task.entry_point,
         visible_tests=task.visible_tests,
+        messages=task.messages,
+        tools=task.tools,
         language=task.language,
         verifier_status=task.verifier_status,
         verifier_reason=task.verifier_reason,

@@ -22,7 +22,9 @@ way) and only the checks are timed, in CPU seconds (shared machine). Measured, o
 3. side by side on `--baseline-eval` / `--baseline-train` items: a Python set of 13-gram
    strings (lm-evaluation-harness janitor style) against the hashed index, items/s and
    index memory;
-4. resident memory (VmRSS) along the way, and the process's peak (VmHWM).
+4. side by side on the same sample, both checks from texts against both from stored sketches
+   (`flywheel.datasets.sketches`, made once per item: their making is timed apart);
+5. resident memory (VmRSS) along the way, and the process's peak (VmHWM).
 
 Asserts nothing.
 """
@@ -44,6 +46,7 @@ from flywheel.datasets.decontamination import (
     DecontaminationConfig,
     EvalIndex,
 )
+from flywheel.datasets.sketches import sketch_texts
 from flywheel.signals.dedup import DEFAULT_THRESHOLD, minhash_signatures, shingle_hashes
 
 VOCABULARY = 50_000
@@ -276,6 +279,39 @@ def side_by_side(args: argparse.Namespace, generator: Generator, evals: list[str
     )
 
 
+def sketched_side_by_side(args: argparse.Namespace, generator: Generator, evals: list[str]) -> None:
+    """Both checks from texts (normalised, hashed and signed every time) against the same
+    checks from stored sketches (`flywheel.datasets.sketches`: made once per item)."""
+    sample_evals = evals[: args.baseline_eval]
+    texts = next(train_chunks(generator, sample_evals, args.baseline_train, args.planted, 98)).texts
+    config = DecontaminationConfig()
+
+    def from_texts() -> list[tuple[int, str]]:
+        index = EvalIndex.build(((t, None) for t in sample_evals), config)
+        return list(index.contaminated((i, t, None) for i, t in enumerate(texts)))
+
+    def from_sketches(
+        evals_sketched: list[tuple[bytes, bytes]], train_sketched: list[tuple[bytes, bytes]]
+    ) -> list[tuple[int, str]]:
+        index = EvalIndex.from_sketches(evals_sketched, config)
+        return list(index.contaminated_sketches((i, *k) for i, k in enumerate(train_sketched)))
+
+    expected, texts_s = cpu_timed(from_texts)
+    (evals_sketched, train_sketched), sketch_s = cpu_timed(
+        lambda: (sketch_texts(sample_evals, 13), sketch_texts(texts, 13))
+    )
+    found, sketches_s = cpu_timed(lambda: from_sketches(evals_sketched, train_sketched))
+    total = len(sample_evals) + len(texts)
+    print(f"\nboth checks, {len(sample_evals):,} eval items, {len(texts):,} train items:")
+    print(f"  from texts (index built, both sides signed): {texts_s:6.2f} CPU s")
+    print(f"  sketching every item (once, stored):          {sketch_s:6.2f} CPU s")
+    print(f"  from stored sketches (index built, checked):  {sketches_s:6.2f} CPU s")
+    print(
+        f"  texts / sketches: {texts_s / sketches_s:.1f}x; {total / sketch_s:,.0f} items "
+        f"sketched/s; same verdicts: {found == expected}"
+    )
+
+
 def build_indexes(evals: list[str]) -> tuple[EvalIndex, EvalIndex, EvalIndex]:
     signatures, sign_s = cpu_timed(lambda: minhash_signatures([[text] for text in evals]))
     print(f"signing the eval items (setup: stored minhash): {len(evals) / sign_s:,.0f}/s")
@@ -328,6 +364,7 @@ def main() -> None:
     report("both checks (the default), signatures given", outcome)
     memory_note("after both")
     side_by_side(args, generator, evals)
+    sketched_side_by_side(args, generator, evals)
     memory_note("end")
 
 

@@ -5,7 +5,7 @@
 
 Runs our GRPO recipe (`finetune.grpo`) on a mixed export: answer tasks (checked in-process)
 and code tasks (run against their tests in the bwrap sandbox), canaries included, with a
-random Llama built here. The recipe's GRPOTrainer is swapped for a subclass that times its
+random Llama built here. TRL's GRPOTrainer is wrapped in place to time its
 own methods: `_generate` (sampling completions), `_calculate_rewards` (every reward
 function), `_generate_and_score_completions` (the two, plus old/reference log-probs and
 advantages) and `training_step` (all of it, plus the forward/backward update). Prints
@@ -37,20 +37,25 @@ SECONDS: dict[str, float] = defaultdict(float)
 TESTS = "assert add(2, 3) == 5\nassert add(-1, 1) == 0\n"
 
 
-class TimedGrpoTrainer(GRPOTrainer):
-    def _generate(self, *args: Any, **kwargs: Any) -> Any:
-        return _timed("generation", super()._generate, *args, **kwargs)
+TIMED = {
+    "_generate": "generation",
+    "_calculate_rewards": "reward",
+    "_generate_and_score_completions": "generate_and_score",
+    "training_step": "step",
+}
 
-    def _calculate_rewards(self, *args: Any, **kwargs: Any) -> Any:
-        return _timed("reward", super()._calculate_rewards, *args, **kwargs)
 
-    def _generate_and_score_completions(self, *args: Any, **kwargs: Any) -> Any:
-        return _timed(
-            "generate_and_score", super()._generate_and_score_completions, *args, **kwargs
-        )
+def time_grpo_trainer() -> None:
+    """Time TRL's GRPOTrainer's phases in place: the recipe's trainers subclass it when
+    finetune.grpo is imported, so swapping the name there (as this bench once did) timed
+    nothing; their overrides call these through super()."""
+    for method, name in TIMED.items():
+        original = getattr(GRPOTrainer, method)
 
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        return _timed("step", super().training_step, *args, **kwargs)
+        def timed(*args: Any, _original: Any = original, _name: str = name, **kwargs: Any) -> Any:
+            return _timed(_name, _original, *args, **kwargs)
+
+        setattr(GRPOTrainer, method, timed)
 
 
 def _timed(name: str, method: Any, *args: Any, **kwargs: Any) -> Any:
@@ -95,7 +100,7 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=2)
     args = parser.parse_args()
     torch.set_num_threads(os.cpu_count() or 1)
-    finetune.grpo.GRPOTrainer = TimedGrpoTrainer  # type: ignore[misc]
+    time_grpo_trainer()
     with tempfile.TemporaryDirectory() as scratch:
         root = Path(scratch)
         os.environ["FLYWHEEL_HOME"] = str(root / "home")

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import random
+import re
 import time
 from collections.abc import Callable, Sequence
 
@@ -34,7 +35,15 @@ from detect_secrets.core.scan import scan_line
 from detect_secrets.settings import default_settings
 
 from flywheel.redaction import redact
-from tests.fixtures.redaction_corpus import Found, KindScore, build_corpus, code_snippets, score
+from tests.fixtures.redaction_corpus import (
+    Found,
+    KindScore,
+    Planted,
+    Sample,
+    build_corpus,
+    code_snippets,
+    score,
+)
 
 CLEAN_SENTENCES = [
     "Thanks for getting back to me so quickly.",
@@ -50,6 +59,80 @@ CLEAN_SENTENCES = [
     "The assistant answered in French although the account language is English.",
     "It works on 127.0.0.1:8080 locally but not behind the load balancer.",
 ]
+
+
+# Held out: written after both engines, tuned on neither (`--corpus held-out`). Names and
+# addresses in shapes the planted corpus lacks (lower case, particles, hyphens, initials,
+# apostrophes, mid-sentence, after "from"/"per"/"cc:", Irish, Nigerian, Polish, Japanese and
+# Indian names; UK flats, US suites and PO boxes, French, Spanish, Australian and Indian
+# addresses), a few emails, phones and dates of birth, and capitalised words that are no one:
+# products, places, teams. `[KIND|value]` plants a value; names the source passes are none.
+HELD_OUT = [
+    "thanks [NAME_FREE|aoife], that fixed it",
+    "Per [NAME_FREE|Rahul Mehta] the refund went out Tuesday via Apple Pay.",
+    "My colleague [NAME_FREE|Anne-Marie Okonkwo-Smith] will call you from the London office.",
+    "cc: [NAME_FREE|Fatima Al-Sayed]; [NAME_FREE|Tomasz Wiśniewski]",
+    "— [NAME_FREE|Siobhán O'Connor], Support Lead, Data Studio team",
+    "Customer: [NAME_FREE|Olusegun Adeyemi]\nPlan: Enterprise\nRegion: EU West",
+    "Forwarding from [NAME_FREE|J. R. Hartley] who reported the Export Wizard crash.",
+    "Name: [NAME_FREE|Maria de la Cruz]\nDOB: [DOB|14/02/1987]",
+    "Please ask [NAME_FREE|Kenji Watanabe] to approve the Windows Server 2019 licence.",
+    "Hi team, [NAME_FREE|Priyanka Chaudhary] here: the Jordan and Georgia invoices are wrong.",
+    "Signed, [NAME_FREE|Dr Helen Marchetti]",
+    "I am writing on behalf of my father, [NAME_FREE|Gustavo Ferreira], date of birth "
+    "[DOB|3 March 1951].",
+    "Deliver to [ADDRESS|Flat 3, 27 Kingsway, Manchester M1 4AB] before Friday.",
+    "Our billing address is [ADDRESS|Suite 300, 500 Market Street, San Francisco, CA 94105].",
+    "Send the cheque to [ADDRESS|PO Box 4412, Boise, ID 83701] please.",
+    "Office moved to [ADDRESS|14 rue de Rivoli, 75004 Paris].",
+    "Dirección: [ADDRESS|Calle Mayor 5, 28013 Madrid]",
+    "Ship it to [ADDRESS|Unit 5/18 George St, Sydney NSW 2000] — thanks!",
+    "Registered office: [ADDRESS|45 Chowringhee Road, Kolkata 700071]",
+    "she lives at [ADDRESS|88 windsor crescent], so the courier can leave it there",
+    "Return label for [ADDRESS|1600 Amphitheatre Pkwy, Mountain View, CA 94043] attached.",
+    "The parcel for [NAME_FREE|Chen Wei] at [ADDRESS|9 Harbour View Road, Cork T12 X2Y3] "
+    "came back.",
+    "Reach [NAME_FREE|Kwame Asante] at [EMAIL|kwame.asante@northwind-logistics.io] or "
+    "[PHONE|+233 24 412 7788].",
+    "Call me on [PHONE|07700 900461] after 5pm, [NAME_FREE|Gareth].",
+    "Escalation owner: [NAME_FREE|Ingrid Halvorsen] ([EMAIL|ingrid.h@fjord-analytics.no])",
+    # Nothing to find: capitalised words that name no one, nowhere.
+    "The Export Wizard in Data Studio fails on Windows Server 2019 since the March update.",
+    "Our Customer Success team in New York escalated ticket 48213 to Platform Engineering.",
+    "Grace period ends on Monday; Amazon Web Services bills us in US dollars.",
+]
+HELD_OUT_PLANT = re.compile(r"\[([A-Z_]+)\|([^\]]+)\]")
+
+
+def held_out_corpus() -> list[Sample]:
+    """`HELD_OUT` as samples: each `[KIND|value]` a planted value at its offset."""
+    samples = []
+    for marked in HELD_OUT:
+        text, planted, at = "", [], 0
+        for match in HELD_OUT_PLANT.finditer(marked):
+            text += marked[at : match.start()]
+            planted.append(Planted(len(text), len(text) + len(match[2]), match[1]))
+            text += match[2]
+            at = match.end()
+        samples.append(Sample(text + marked[at:], (), tuple(planted)))
+    return samples
+
+
+def overlap_recall(
+    samples: Sequence[Sample], run: Callable[[str, Sequence[str]], Found]
+) -> dict[str, float]:
+    """Per planted type, the share of items that a redaction of their type at least touches
+    (recall counts only those covered whole: a city kept beside a redacted street misses)."""
+    touched: dict[str, list[bool]] = {}
+    for sample in samples:
+        spans = run(sample.text, sample.names).spans
+        for item in sample.planted:
+            hit = any(
+                span.kind == item.kind and span.start < item.end and item.start < span.end
+                for span in spans
+            )
+            touched.setdefault(item.label, []).append(hit)
+    return {label: sum(hits) / len(hits) for label, hits in touched.items()}
 
 
 def clean_texts(count: int, length: int = 500, seed: int = 7) -> list[str]:
@@ -90,13 +173,19 @@ def engine(name: str) -> Callable[[str, Sequence[str]], Found]:
     return lambda text, names: engine_redact(text, names=names)
 
 
-def print_scores(scores: dict[str, KindScore]) -> None:
-    print(f"{'type':10} {'planted':>8} {'found':>6} {'recall':>7} {'redacted':>9} {'precision':>9}")
+def print_scores(scores: dict[str, KindScore], overlap: dict[str, float]) -> None:
+    print(
+        f"{'type':10} {'planted':>8} {'found':>6} {'recall':>7} {'touched':>8} {'redacted':>9} "
+        f"{'precision':>9}"
+    )
     for kind, result in scores.items():
+        if not (result.planted or result.redactions):
+            continue
         recall = f"{result.recall:>7.3f}" if result.planted else f"{'-':>7}"
+        touched = f"{overlap[kind]:>8.3f}" if kind in overlap else f"{'-':>8}"
         precision = f"{result.precision:>9.3f}" if result.redactions else f"{'-':>9}"
         print(
-            f"{kind:10} {result.planted:>8} {result.covered:>6} {recall} "
+            f"{kind:10} {result.planted:>8} {result.covered:>6} {recall} {touched} "
             f"{result.redactions:>9} {precision}"
         )
 
@@ -105,14 +194,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--engine", default="flywheel", help="flywheel, presidio or a module")
+    parser.add_argument(
+        "--corpus",
+        choices=("planted", "held-out"),
+        default="planted",
+        help="the planted corpus (written beside the flywheel engine), or HELD_OUT's texts "
+        "(written after it, tuned on by neither engine; scores only)",
+    )
     args = parser.parse_args()
 
     run = engine(args.engine)
-    samples, snippets = build_corpus(), code_snippets()
+    held_out = args.corpus == "held-out"
+    samples, snippets = (held_out_corpus(), []) if held_out else (build_corpus(), code_snippets())
     scores = score(samples, snippets, run)
-    print_scores(scores)
+    print_scores(scores, overlap_recall(samples, run))
     planted = sum(result.planted for result in scores.values())
     print(f"{len(samples)} texts, {planted} planted items, {len(snippets)} code snippets\n")
+    if held_out:
+        return
 
     clean = clean_texts(200 if args.engine == "presidio" else 2000)
     names = ("Jane Doe", "Priya Okafor", "Søren Lindqvist")

@@ -139,6 +139,28 @@ class GrpoConfig(CommonConfig):
     mask_truncated_completions: bool = Field(
         False, description="Leave completions cut off at max_completion_length out of the loss."
     )
+    max_tool_calling_iterations: int | None = Field(
+        20,
+        ge=1,
+        description="Rounds of tool calls in one user turn of an environment episode (None: "
+        "until the episode's token budget, which bounds the whole trajectory: calls, results, "
+        "answers, later user turns).",
+    )
+    max_turns: int = Field(
+        1,
+        ge=1,
+        description="User turns of an environment task played in one episode: after the "
+        "model answers turn k, turn k+1 is appended and the episode goes on; the reward checks "
+        "the final state against the played turns' ground truth (1: the first turn only).",
+    )
+    max_episode_tokens: int | None = Field(
+        None,
+        ge=1,
+        description="Token budget of an environment episode after its prompt (the model's "
+        "replies, tool results, later user turns; e.g. 4096); an episode it cuts off is masked "
+        "out of the loss and rewarded 0. None: max_completion_length. Each reply is still at "
+        "most max_completion_length.",
+    )
     dynamic_sampling: bool = Field(
         True,
         description="Leave groups whose rewards are all equal (no learning signal) out of the "
@@ -147,6 +169,13 @@ class GrpoConfig(CommonConfig):
     )
     code_reward: Literal["fraction", "all_or_nothing"] = "fraction"
     format_reward_weight: float = Field(0.0, ge=0, description="0: no format reward.")
+    tool_call_partial_credit: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description="A tool-call task's reward for the right function names with wrong "
+        "arguments (a matching call set earns 1).",
+    )
     canary_fraction: float = Field(
         0.02, ge=0, lt=0.5, description="Share of impossible tasks mixed in (reward hacking)."
     )
@@ -179,6 +208,22 @@ class GrpoConfig(CommonConfig):
                 "clip-higher widens the upper bound"
             )
         return self
+
+    @model_validator(mode="after")
+    def _episode_budget_holds_a_reply(self) -> Self:
+        if self.max_episode_tokens is not None and (
+            self.max_episode_tokens < self.max_completion_length
+        ):
+            raise ValueError(
+                f"max_episode_tokens ({self.max_episode_tokens}) must be at least "
+                f"max_completion_length ({self.max_completion_length}): an episode holds replies"
+            )
+        return self
+
+    @property
+    def episode_tokens(self) -> int:
+        """An environment episode's token budget (max_episode_tokens, or the completion's)."""
+        return self.max_episode_tokens or self.max_completion_length
 
     @model_validator(mode="after")
     def _vllm_mode_needs_vllm(self) -> Self:

@@ -20,6 +20,7 @@ from finetune.errors import TrainingInputError
 MANIFEST = "manifest.json"
 FILES = {"sft": "sft.jsonl", "dpo": "dpo.jsonl", "kto": "kto.jsonl", "grpo": "grpo.jsonl"}
 CHUNK_BYTES = 1 << 20
+TASK_KINDS = ("code", "answer", "tool_call", "environment")
 
 
 @dataclass(frozen=True)
@@ -98,7 +99,8 @@ def train_dataset(export: Export, method: str, cache_dir: Path) -> Dataset:
 
 def check_tasks(path: Path) -> None:
     """Every GRPO task must be checkable: code tasks need tests and an entry point, answer
-    tasks an answer (the reward has nothing else to go on)."""
+    tasks an answer, tool_call tasks their tools and expected calls, environment tasks their
+    tools and environment (the reward has nothing else to go on)."""
     with path.open(encoding="utf-8") as lines:
         for index, line in enumerate(lines):
             _check_task(json.loads(line), index, path)
@@ -110,5 +112,9 @@ def _check_task(row: dict[str, Any], index: int, path: Path) -> None:
         raise TrainingInputError(f"{path} row {index + 1}: a code task without tests")
     if kind == "answer" and not row.get("answer"):
         raise TrainingInputError(f"{path} row {index + 1}: an answer task without an answer")
-    if kind not in ("code", "answer"):
+    if kind == "tool_call" and not (row.get("tools") and row.get("expected_calls")):
+        raise TrainingInputError(f"{path} row {index + 1}: a tool_call task without its calls")
+    if kind == "environment" and not (row.get("tools") and row.get("environment")):
+        raise TrainingInputError(f"{path} row {index + 1}: an environment task without one")
+    if kind not in TASK_KINDS:
         raise TrainingInputError(f"{path} row {index + 1}: unknown task kind {kind!r}")

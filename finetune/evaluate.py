@@ -2,7 +2,7 @@
 
     python -m finetune.evaluate --dataset DIR --base MODEL_DIR [--adapter ADAPTER_DIR]
         --out FILE.json [--split eval] [--k 4] [--max-new-tokens 128] [--seed 0]
-        [--batch-size 16]
+        [--batch-size 16] [--max-episode-replies 16] [--max-episode-tokens 4096]
 
 DIR is a `jsonl` (full records) dataset export; its `<split>/sft.jsonl`, `pairs.jsonl` and
 `tasks.jsonl` are scored, a missing file meaning no items of that kind. Every metric is a
@@ -16,15 +16,24 @@ mapping item_id -> score in [0, 1], so a paired gate can compare two models item
   temperature 0.8, which with n == k samples is "any sample passed". A task its reward
   cannot score (None: no tests, an unsafe answer pattern) gets no score, with a warning.
 
+Tool-call tasks (`task_kind == "tool_call"`) are prompted with their `messages` and `tools`
+(through the chat template) and scored by `finetune.tool_eval`: `call_accuracy`,
+`name_accuracy` and `argument_accuracy` of the greedy reply, and pass@1 (= call accuracy) and
+pass@k among the other tasks'. Environment tasks play episodes in their sandboxed environment
+(`finetune.episodes`, at most `--max-episode-replies` replies and `--max-episode-tokens`
+tokens each): `environment_success` of the greedy episode (= its pass@1) and pass@k of k
+sampled ones; their `turns_used`, `tool_calls` and `tool_errors` are losses, never gated.
+
 `losses.sft_loss` is each SFT item's mean token NLL of its completion (not in [0, 1]).
 `canaries` is the score of impossible tasks of the eval set's own kinds, drawn from the seed
 and scored like tasks but never among the metrics (see `finetune.canaries`); an eval set
-without code or answer tasks has none (count 0, pass_rate null). Code tasks or canaries need
+without tasks has none (count 0, pass_rate null). Code or environment tasks or canaries need
 the sandbox: without one the run stops before any model loads. The output JSON is written
 atomically:
 
     {"metrics": {name: {item_id: score}}, "losses": {"sft_loss": {item_id: nll}},
-     "summary": {name: mean}, "counts": {"sft": n, "pairs": n, "tasks": n},
+     "summary": {name: mean}, "counts": {"sft": n, "pairs": n, "tasks": n,
+                                         "tool_call": n, "environment": n},  # those present
      "canaries": {"count": n, "passed": n, "pass_rate": rate | null, "passed_ids": [id],
                   "kinds": {kind: {"count": n, "passed": n, "pass_rate": rate}}},
      "model": {"base": path, "adapter": path | null}, "dataset": {...}, "settings": {...},
@@ -44,7 +53,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -59,12 +68,16 @@ from transformers import (
 
 from finetune.canaries import canary_report, eval_canaries, preflight_sandbox
 from finetune.data import open_export
+from finetune.episodes import EpisodeLimits, score_environment_tasks
 from finetune.errors import TrainingInputError
+from finetune.generation import completion_logprobs, generate
 from finetune.model import check_base
 from finetune.rewards import TaskReward
+from finetune.tool_eval import ChatPolicy, prompt_of, score_tool_tasks
 from flywheel.sandbox.rewards import CodeReward
 
 KIND_FILES = {"sft": "sft.jsonl", "pairs": "pairs.jsonl", "tasks": "tasks.jsonl"}
+TOOL_KINDS = ("tool_call", "environment")
 SAMPLE_TEMPERATURE = 0.8
 
 Message = dict[str, str]
@@ -84,12 +97,14 @@ class EvalItems:
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """How one evaluation samples: k completions per task, their length, seed and batch size."""
+    """How one evaluation samples: k completions per task, their length, seed and batch size,
+    and how long an environment task's episode may run."""
 
     k: int
     max_new_tokens: int
     seed: int
     batch_size: int
+    episode: EpisodeLimits = field(default_factory=EpisodeLimits)
 
 
 # --- the export ---------------------------------------------------------------------------
@@ -166,114 +181,6 @@ def _with_adapter(model: Any, adapter: Path) -> Any:
 def _first(error: Exception) -> str:
     text = str(error).strip()
     return text.splitlines()[0] if text else type(error).__name__
-
-
-# --- generation and log-probs -------------------------------------------------------------
-
-
-def _progress(label: str, done: int, total: int) -> None:
-    print(f"evaluate: {label} {done}/{total}", file=sys.stderr, flush=True)
-
-
-@torch.no_grad()
-def generate(
-    model: Any,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[list[Message]],
-    settings: SamplingSettings,
-    *,
-    temperature: float | None = None,
-    label: str = "generate",
-) -> list[str]:
-    """One reply per prompt, greedy unless a `temperature` is given, in left-padded batches."""
-    config = GenerationConfig(
-        max_new_tokens=settings.max_new_tokens,
-        do_sample=temperature is not None,
-        **(
-            {"temperature": temperature, "top_k": 0, "top_p": 1.0}
-            if temperature is not None
-            else {}
-        ),
-    )
-    replies: list[str] = []
-    for start in range(0, len(prompts), settings.batch_size):
-        texts = [
-            tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
-            for prompt in prompts[start : start + settings.batch_size]
-        ]
-        batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
-        output = model.generate(**batch.to(model.device), generation_config=config)
-        new_tokens = output[:, batch["input_ids"].shape[1] :]
-        replies += tokenizer.batch_decode(new_tokens, skip_special_tokens=True)
-        _progress(label, len(replies), len(prompts))
-    return replies
-
-
-def _encode(
-    tokenizer: PreTrainedTokenizerBase, prompt: list[Message], completion: str
-) -> tuple[list[int], int]:
-    """The templated conversation's ids and how many of its last tokens are the reply's (what
-    the template adds after the generation prompt, end-of-turn token included)."""
-    head = tokenizer.apply_chat_template(prompt, add_generation_prompt=True, tokenize=False)
-    whole = tokenizer.apply_chat_template(
-        [*prompt, {"role": "assistant", "content": completion}], tokenize=False
-    )
-    head_ids = tokenizer(head, add_special_tokens=False)["input_ids"]
-    ids = tokenizer(whole, add_special_tokens=False)["input_ids"]
-    shared = 0  # a template may render the prompt differently once a reply follows
-    while shared < min(len(head_ids), len(ids) - 1) and head_ids[shared] == ids[shared]:
-        shared += 1
-    return ids, len(ids) - max(shared, 1)
-
-
-@torch.no_grad()
-def completion_logprobs(
-    model: Any,
-    tokenizer: PreTrainedTokenizerBase,
-    prompts: Sequence[list[Message]],
-    completions: Sequence[str],
-    *,
-    batch_size: int,
-    label: str = "log-probs",
-) -> list[tuple[float, int]]:
-    """(summed log-prob, token count) of each completion given its prompt.
-
-    Rows are left padded, so every reply ends at the last position and only the last
-    `longest reply + 1` positions' logits are computed (`logits_to_keep`): the vocabulary-wide
-    logits of the prompts are never materialised.
-    """
-    encoded = [_encode(tokenizer, p, c) for p, c in zip(prompts, completions, strict=True)]
-    results: list[tuple[float, int]] = []
-    for start in range(0, len(encoded), batch_size):
-        results += _batch_logprobs(model, encoded[start : start + batch_size], tokenizer)
-        _progress(label, len(results), len(encoded))
-    return results
-
-
-def _batch_logprobs(
-    model: Any, rows: list[tuple[list[int], int]], tokenizer: PreTrainedTokenizerBase
-) -> list[tuple[float, int]]:
-    width = max(len(ids) for ids, _ in rows)
-    keep = max(count for _, count in rows) + 1
-    input_ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(input_ids)
-    for index, (ids, _) in enumerate(rows):
-        input_ids[index, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
-        mask[index, width - len(ids) :] = 1
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)  # padding must not shift positions
-    logits = model(
-        input_ids=input_ids.to(model.device),
-        attention_mask=mask.to(model.device),
-        position_ids=positions.to(model.device),
-        logits_to_keep=keep,
-    ).logits
-    results = []
-    for index, (_, count) in enumerate(rows):
-        predicting = logits[index, keep - count - 1 : keep - 1].float().log_softmax(-1)
-        targets = input_ids[index, width - count :].to(predicting.device)
-        picked = predicting.gather(-1, targets[:, None]).squeeze(-1)
-        results.append((float(picked.sum()), count))
-    return results
 
 
 # --- scores -------------------------------------------------------------------------------
@@ -369,7 +276,7 @@ def score_tasks(
     reward: Callable[..., list[float | None]],
 ) -> tuple[Scores, Scores]:
     """(pass@1, pass@k) per task the reward can score."""
-    prompts = [[{"role": "user", "content": row["prompt"]}] for row in rows]
+    prompts = [prompt_of(row).messages for row in rows]
     greedy = generate(model, tokenizer, prompts, settings, label="tasks greedy")
     torch.manual_seed(settings.seed)
     repeated = [prompt for prompt in prompts for _ in range(settings.k)]
@@ -409,9 +316,54 @@ def evaluate(
     if items.pairs:
         metrics["preference_accuracy"] = score_pairs(model, tokenizer, items.pairs, settings)
     if items.tasks:
-        first, any_of_k = score_tasks(model, tokenizer, items.tasks, settings, _task_reward())
-        metrics["pass@1"], metrics["pass@k"] = first, any_of_k
+        task_metrics, task_losses = score_all_tasks(model, tokenizer, items.tasks, settings)
+        metrics |= task_metrics
+        losses |= task_losses
     return {name: scores for name, scores in metrics.items() if scores}, losses
+
+
+def score_all_tasks(
+    model: Any, tokenizer: PreTrainedTokenizerBase, rows: list[Row], settings: SamplingSettings
+) -> tuple[dict[str, Scores], dict[str, Scores]]:
+    """(metrics, losses) of task rows of every kind: code and answer tasks by their reward,
+    tool-call tasks by their calls, environment tasks by their episodes; pass@1 and pass@k
+    hold every kind's items."""
+    by_kind = {kind: [row for row in rows if row.get("task_kind") == kind] for kind in TOOL_KINDS}
+    others = [row for row in rows if row.get("task_kind") not in TOOL_KINDS]
+    metrics: dict[str, Scores] = {"pass@1": {}, "pass@k": {}}
+    losses: dict[str, Scores] = {}
+    if others:
+        metrics["pass@1"], metrics["pass@k"] = score_tasks(
+            model, tokenizer, others, settings, _task_reward()
+        )
+    policies = _policies(model, tokenizer, settings) if any(by_kind.values()) else None
+    if by_kind["tool_call"] and policies:
+        torch.manual_seed(settings.seed)
+        _merge(metrics, score_tool_tasks(*policies, by_kind["tool_call"], settings.k))
+    if by_kind["environment"] and policies:
+        torch.manual_seed(settings.seed)
+        found, losses = score_environment_tasks(
+            *policies, by_kind["environment"], settings.k, settings.episode,
+            wave=settings.batch_size,
+        )  # fmt: skip
+        _merge(metrics, found)
+    return metrics, losses
+
+
+def _policies(
+    model: Any, tokenizer: PreTrainedTokenizerBase, settings: SamplingSettings
+) -> tuple[ChatPolicy, ChatPolicy]:
+    """The greedy policy and the sampling one, for tool-call and environment tasks."""
+    common = {"max_new_tokens": settings.max_new_tokens, "batch_size": settings.batch_size}
+    return (
+        ChatPolicy(model, tokenizer, **common),
+        ChatPolicy(model, tokenizer, temperature=SAMPLE_TEMPERATURE, **common),
+    )
+
+
+def _merge(metrics: dict[str, Scores], found: dict[str, Scores]) -> None:
+    for name, scores in found.items():
+        metrics.setdefault(name, {}).update(scores)
 
 
 def score_canaries(
@@ -419,10 +371,14 @@ def score_canaries(
 ) -> dict[str, Any]:
     """The `canaries` section: the canary rows scored as tasks are, after them (the tasks'
     samples do not depend on whether canaries follow)."""
-    first, any_of_k = (
-        score_tasks(model, tokenizer, rows, settings, _task_reward()) if rows else ({}, {})
-    )
-    return canary_report(rows, first, any_of_k)
+    metrics = score_all_tasks(model, tokenizer, rows, settings)[0] if rows else {}
+    return canary_report(rows, metrics.get("pass@1", {}), metrics.get("pass@k", {}))
+
+
+def _tool_counts(rows: list[Row]) -> dict[str, int]:
+    """Tool-call and environment tasks among the tasks, for the kinds there are."""
+    counts = {kind: sum(1 for row in rows if row.get("task_kind") == kind) for kind in TOOL_KINDS}
+    return {kind: count for kind, count in counts.items() if count}
 
 
 def _task_reward() -> TaskReward:
@@ -451,7 +407,8 @@ def write_json_atomic(path: Path, document: dict[str, Any]) -> None:
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
     started = time.monotonic()
-    settings = SamplingSettings(args.k, args.max_new_tokens, args.seed, args.batch_size)
+    episode = EpisodeLimits(args.max_episode_replies, args.max_episode_tokens)
+    settings = SamplingSettings(args.k, args.max_new_tokens, args.seed, args.batch_size, episode)
     items = open_items(args.dataset, args.split)
     check_base(args.base)
     if args.adapter is not None:
@@ -466,7 +423,12 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "metrics": metrics,
         "losses": losses,
         "summary": {name: _mean(scores) for name, scores in {**metrics, **losses}.items()},
-        "counts": {"sft": len(items.sft), "pairs": len(items.pairs), "tasks": len(items.tasks)},
+        "counts": {
+            "sft": len(items.sft),
+            "pairs": len(items.pairs),
+            "tasks": len(items.tasks),
+            **_tool_counts(items.tasks),
+        },
         "canaries": canary_section,
         "model": {
             "base": str(args.base.resolve()),
@@ -483,6 +445,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "max_new_tokens": settings.max_new_tokens,
             "seed": settings.seed,
             "temperature": SAMPLE_TEMPERATURE,
+            "max_episode_replies": episode.max_generations,
+            "max_episode_tokens": episode.max_tokens,
         },
         "seconds": round(time.monotonic() - started, 3),
     }
@@ -506,6 +470,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=_positive, default=128)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--batch-size", type=_positive, default=16, help="Sequences per batch.")
+    parser.add_argument(
+        "--max-episode-replies",
+        type=_positive,
+        default=EpisodeLimits.max_generations,
+        help="Model replies per environment episode, all turns together.",
+    )
+    parser.add_argument(
+        "--max-episode-tokens", type=_positive, default=EpisodeLimits.max_tokens,
+        help="An environment episode stops once its conversation is this many tokens long.",
+    )  # fmt: skip
     return parser.parse_args(argv)
 
 

@@ -27,6 +27,7 @@ from finetune.checkpoint import CheckpointManifest, StopOnSignal, latest_complet
 from finetune.config import TrainingConfig, config_sha256
 from finetune.data import Export
 from finetune.model import use_bf16
+from finetune.suite_logging import suite_callbacks, watch_domain_rewards
 from finetune.tracking import MlflowMetrics, git_commit, log_adapter, mlflow_run
 
 log = logging.getLogger("finetune")
@@ -108,7 +109,9 @@ def run_training(
     """Train (resuming from the latest sealed checkpoint when asked), logging to MLflow; save
     and log the adapter unless a SIGTERM stopped the run first."""
     stop = StopOnSignal()
-    trainer = make_trainer([CheckpointManifest(), stop, MlflowMetrics(extra_metrics)])
+    callbacks = [CheckpointManifest(), stop, MlflowMetrics(extra_metrics)]
+    trainer = make_trainer([*callbacks, *suite_callbacks(export, job.method, job.out)])
+    watch_domain_rewards(trainer, export)
     resume_from = _resume_point(job)
     config = job.config.model_dump(mode="json")
     all_tags = _tags(job, export) | (tags or {})

@@ -11,6 +11,11 @@ proportion to their weights; under an `easy_first` curriculum they are read in t
 order. A packed row holds several examples, so with packing the weighted draw is made once,
 before packing (the packed rows hold the drawn examples, repeats included), and the packer's
 order replaces the curriculum's.
+
+Tool-calling conversations keep their `tools` (TRL renders them per example). The loss covers
+the assistant's turns, tool calls included, and not the tool results (`tool` turns sit outside
+the template's `{% generation %}` markers): TRL's training variants of Qwen 2.5 / 3 and
+Flywheel's of Llama 3.1 / 3.2 mark an assistant's tool calls as generated text.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ from finetune.templates import use_training_template
 
 log = logging.getLogger("finetune.sft")
 
+SFT_COLUMNS = ("messages", "tools", "weight")
+"""`tools`: the tools a tool-calling conversation offered, rendered by the chat template."""
+
 
 class WeightedSftTrainer(WeightedSampling, SFTTrainer):
     """Examples drawn by weight (finetune.sampling)."""
@@ -39,7 +47,8 @@ def train(job: Job) -> Outcome:
     config = job.config
     assert isinstance(config, SftConfig)
     export = open_export(job.dataset)
-    dataset = train_dataset(export, "sft", job.out / "cache").select_columns(["messages", "weight"])
+    dataset = train_dataset(export, "sft", job.out / "cache")
+    dataset = dataset.select_columns([c for c in SFT_COLUMNS if c in dataset.column_names])
     weights = sampling_weights(dataset["weight"], "example", job.dataset)
     is_ordered = is_curriculum(export)
     if config.packing:

@@ -20,8 +20,6 @@ from datetime import datetime
 from typing import Any, TypeVar
 
 import orjson
-import psycopg
-from psycopg.types.json import Jsonb
 from sqlalchemy import JSON, DateTime, String, Table, TypeDecorator, Uuid, text
 from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
@@ -58,6 +56,8 @@ def insert_ignoring_conflicts(
 def _copy_ignoring_conflicts(
     session: Session, table: Table, rows: list[dict[str, Any]]
 ) -> set[uuid.UUID]:
+    from psycopg.types.json import Jsonb  # here: only PostgreSQL's paths need the driver
+
     columns = list(rows[0])
     names = ", ".join(columns)
     staging = f"staging_{table.name}"
@@ -98,6 +98,8 @@ def insert_new_rows(session: Session, table: Table, rows: list[dict[str, Any]]) 
     (So does a table with a column type `_text_writer` does not know.)"""
     if not rows or session.get_bind().dialect.name != "postgresql":
         return insert_ignoring_conflicts(session, table, rows)
+    import psycopg  # here: only PostgreSQL's paths need the driver
+
     columns = list(rows[0])
     writers = [_text_writer(table.c[column].type) for column in columns]
     if not all(writers):

@@ -11,14 +11,24 @@ import hashlib
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
 
 from sqlalchemy import JSON, DateTime, MetaData, TypeDecorator, Uuid, create_engine, event, text
 from sqlalchemy.dialects.postgresql import JSONB
 from sqlalchemy.engine import Connection, Dialect, Engine
-from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column, sessionmaker
+from sqlalchemy.exc import ArgumentError, NoSuchModuleError
+from sqlalchemy.orm import (
+    DeclarativeBase,
+    Mapped,
+    ORMExecuteState,
+    Session,
+    mapped_column,
+    sessionmaker,
+)
 
+from flywheel.errors import InvalidInput
 from flywheel.settings import Settings
 
 NAMING_CONVENTION = {
@@ -69,16 +79,33 @@ def make_engine(settings: Settings) -> Engine:
     url = settings.resolved_database_url
     if url.startswith("sqlite"):
         settings.home.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = _create_engine(url, connect_args={"timeout": 30})
         event.listen(engine, "connect", _configure_sqlite)
         return engine
-    return create_engine(
+    return _create_engine(
         url,
         pool_size=settings.db_pool_size,
         max_overflow=0,
         pool_pre_ping=settings.db_pool_pre_ping,
         pool_recycle=1800,
     )
+
+
+def _create_engine(url: str, **options: Any) -> Engine:
+    """`create_engine`, where a URL it cannot use is bad input naming the setting (never the
+    URL: it may hold a password)."""
+    setting = "bad setting FLYWHEEL_DATABASE_URL"
+    try:
+        return create_engine(url, **options)
+    except (NoSuchModuleError, ImportError) as error:  # an unknown dialect, a missing driver
+        raise InvalidInput(
+            f"{setting}: no SQLAlchemy dialect or driver for it here ({error}); "
+            "use postgresql+psycopg://user@host/db, or leave it unset for the embedded SQLite"
+        ) from error
+    except (ArgumentError, ValueError) as error:  # not a URL; a port that is not a number
+        raise InvalidInput(
+            f"{setting}: not a database URL (e.g. postgresql+psycopg://user@host/db)"
+        ) from error
 
 
 def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
@@ -90,12 +117,51 @@ def _configure_sqlite(dbapi_connection: Any, _record: Any) -> None:
 
 
 def make_session_factory(engine: Engine) -> sessionmaker[Session]:
-    """Sessions on `engine`, with every model mapped: a flush resolves foreign keys across
-    packages (a dataset version names the forget request that tainted it), so a command that
-    imports one package's models only still writes (the CLI imports lazily)."""
-    import flywheel.models  # noqa: F401 - registers every table; imported here: it imports db
+    """Sessions on `engine`. A model is mapped when the code that uses it is imported (a light
+    command maps the few tables it reads); before a session writes, every table that a mapped
+    table's foreign key names is mapped too (`map_referenced_tables`), so a command that
+    imports one package's models only still writes (a dataset version names the forget request
+    that tainted it, in another package)."""
+    factory = sessionmaker(engine, expire_on_commit=False)
+    event.listen(factory, "before_flush", _map_before_flush)
+    event.listen(factory, "do_orm_execute", _map_before_orm_write)
+    return factory
 
-    return sessionmaker(engine, expire_on_commit=False)
+
+@dataclass
+class _MappedTables:
+    """How many tables the metadata held when every foreign key last resolved."""
+
+    resolved: int = 0
+
+
+_mapped = _MappedTables()
+
+
+def map_referenced_tables() -> None:
+    """Import every model (`flywheel.models`) when a mapped table's foreign key names a table
+    that is not mapped yet: a flush, or an ORM bulk write, resolves the foreign keys of the
+    tables it writes, and fails on one it cannot. Checked again only when tables were added."""
+    tables = Base.metadata.tables
+    if len(tables) == _mapped.resolved:
+        return
+    named = {
+        key.target_fullname.rpartition(".")[0]
+        for table in tables.values()
+        for key in table.foreign_keys
+    }
+    if not named <= tables.keys():
+        import flywheel.models  # noqa: F401 - registers every table; imported here: it imports db
+    _mapped.resolved = len(tables)
+
+
+def _map_before_flush(_session: Session, _flush: Any, _instances: Any) -> None:
+    map_referenced_tables()
+
+
+def _map_before_orm_write(state: ORMExecuteState) -> None:
+    if not state.is_select:
+        map_referenced_tables()
 
 
 @contextmanager

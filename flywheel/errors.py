@@ -52,6 +52,14 @@ class SandboxUnavailable(FlywheelError):
     code = "sandbox_unavailable"
 
 
+class EnvironmentFailed(FlywheelError):
+    """An environment episode ended before its end (its source did not load, a call ran past
+    its wall clock, it overran its CPU or memory budget, it exited) or its ground truth does
+    not run; the message says why. A trainer scores such an episode 0."""
+
+    code = "environment_failed"
+
+
 class RegistryUnavailable(FlywheelError):
     """MLflow could not be reached or refused a registry call; nothing was moved."""
 

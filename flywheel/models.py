@@ -1,6 +1,6 @@
 """Every table, in one import: what Alembic and the schema tests see."""
 
-from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
+from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion, ItemSketch
 from flywheel.db import Base
 from flywheel.feedback.models import FeedbackBatch, FeedbackEvent, ForgetRequest, Interaction
 from flywheel.registry.models import ModelVersion, PromotionEvent, Run, WebhookDelivery
@@ -12,6 +12,7 @@ from flywheel.signals.models import (
     SftExample,
     VerifiableTask,
 )
+from flywheel.suites.models import Suite, SuiteMember, SuiteRun
 from flywheel.tenancy.models import ApiKey, Domain, Tenant
 
 __all__ = [
@@ -26,6 +27,7 @@ __all__ = [
     "ForgetRequest",
     "IngestRun",
     "Interaction",
+    "ItemSketch",
     "LabeledCompletion",
     "ModelVersion",
     "PreferencePair",
@@ -33,6 +35,9 @@ __all__ = [
     "Run",
     "ScheduledCycle",
     "SftExample",
+    "Suite",
+    "SuiteMember",
+    "SuiteRun",
     "Tenant",
     "VerifiableTask",
     "WebhookDelivery",

@@ -68,10 +68,12 @@ class Settings(BaseSettings):
 
     scheduler_tick_cron: str = Field(
         default="* * * * *",
+        validate_default=False,  # valid; checking it would load croniter in every command
         description="When workers tick the schedule (UTC cron; a 6th field is seconds).",
     )
     stalled_retry_cron: str = Field(
         default="* * * * *",
+        validate_default=False,  # valid; checking it would load croniter in every command
         description="When workers look for jobs of dead workers (UTC cron; 6th field: seconds).",
     )
     worker_heartbeat_s: float = Field(
@@ -87,6 +89,14 @@ class Settings(BaseSettings):
         default=3,
         ge=0,
         description="How many times a cycle whose worker died is retried before it fails.",
+    )
+    retention_raw_event_weeks: int | None = Field(
+        default=None,
+        ge=1,
+        description="Delete raw feedback events and interactions older than this many weeks "
+        "once compiled (daily, on workers); compiled signal and its provenance stay, and "
+        "forget still reaches it. A domain's `retention.raw_event_weeks` comes first. "
+        "Unset: keep everything.",
     )
 
     max_body_bytes: int = Field(default=1 * MIB, ge=1024, description="Request body cap.")

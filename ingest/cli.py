@@ -148,16 +148,30 @@ def ingest_feedback(
 @ingest.command("tasks")
 def ingest_tasks(
     path: Path = typer.Argument(..., help="A task JSONL file (.jsonl or .jsonl.gz)."),
-    source_format: str = typer.Option("flywheel", "--format", help="flywheel, humaneval or mbpp."),
+    source_format: str = typer.Option(
+        "flywheel", "--format", help="flywheel, humaneval, mbpp or bfcl."
+    ),
+    answers: Path | None = typer.Option(
+        None,
+        "--answers",
+        help="bfcl: the possible answers [possible_answer/<FILE's name> beside FILE].",
+    ),
+    environments: Path | None = typer.Option(
+        None,
+        "--environments",
+        help="bfcl: the directory of BFCL's environment classes, for multi-turn files "
+        "[the installed bfcl_eval's func_source_code].",
+    ),
     domain: str = DomainOption,
     tenant: str | None = TenantOption,
     verify: bool = VerifyOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Verifiable tasks from HumanEval/MBPP-style or Flywheel task JSONL."""
-    from ingest.task_files import TaskFileIngestor
+    """Verifiable tasks from HumanEval/MBPP-style, BFCL or Flywheel task JSONL."""
+    from ingest.task_files import make_task_ingestor
 
-    _run(TaskFileIngestor(path, source_format), tenant, domain, as_json, verify=verify)
+    ingestor = make_task_ingestor(path, source_format, answers=answers, environments=environments)
+    _run(ingestor, tenant, domain, as_json, verify=verify)
 
 
 @ingest.command("export-tasks")

@@ -6,6 +6,13 @@ Flywheel's format, one task per line (what `export_tasks` writes and `flywheel` 
      "reference_solution": "...", "hidden_tests": "...", "visible_tests": null,
      "answer": null, "language": "python", "group": "...", "verifier_status": "usable",
      "tags": ["topic:strings"]}
+    {"task_id": "...", "kind": "tool_call", "prompt": "...", "messages": [...]?,
+     "tools": [OpenAI function tools], "expected_calls": [{"name", "arguments": {arg: [ok
+     values]}}], "group": "...", "tags": [...]}
+    {"task_id": "...", "kind": "environment", "prompt": "...", "tools": [...],
+     "environment": {"source", "classes", "turns", "ground_truth", "max_steps"?}, ...}
+
+(the new kinds' fields are those of `flywheel.signals.candidates.TaskCandidate`.)
 
 `prompt` is all a model sees; the hidden tests and the reference never appear in it. `tags`
 (optional in every format, a list of strings) label the task for the evaluation's slices;
@@ -25,15 +32,35 @@ from sqlalchemy.orm import Session
 
 from flywheel.errors import InvalidInput
 from flywheel.feedback.values import MAX_NAME_CHARS, check_clean_text
+from flywheel.sandbox.environment import spec_problem
+from flywheel.sandbox.toolcalls import expected_calls_problem, tools_problem
 from flywheel.signals.candidates import Candidate, Provenance, TaskCandidate
 from flywheel.signals.service import stream_tasks
 
 if TYPE_CHECKING:  # a type only: ingest reads and writes rows through flywheel's services
     from flywheel.signals.models import VerifiableTask
+from ingest.bfcl import BfclIngestor
 from ingest.framework import SourceRecord
 from ingest.jsonl import file_sha256, read_objects
 
-TASK_FORMATS = ("flywheel", "humaneval", "mbpp")
+TASK_FORMATS = ("flywheel", "humaneval", "mbpp", "bfcl")
+KINDS = ("code", "answer", "tool_call", "environment")
+
+
+def make_task_ingestor(
+    path: Path,
+    source_format: str = "flywheel",
+    *,
+    answers: Path | None = None,
+    environments: Path | None = None,
+) -> TaskFileIngestor | BfclIngestor:
+    """The ingestor of a task file in `source_format`; BFCL's alone takes answers and
+    environment classes (see ingest.bfcl)."""
+    if source_format == "bfcl":
+        return BfclIngestor(path, answers=answers, environments=environments)
+    if answers is not None or environments is not None:
+        raise InvalidInput("--answers and --environments go with --format bfcl only")
+    return TaskFileIngestor(path, source_format)
 
 
 class TaskFileIngestor:
@@ -42,7 +69,7 @@ class TaskFileIngestor:
     records_are_groups = False
 
     def __init__(self, path: Path, source_format: str = "flywheel") -> None:
-        if source_format not in TASK_FORMATS:
+        if source_format not in CONVERTERS:
             raise InvalidInput(
                 f"unknown task format {source_format!r}; known: {', '.join(TASK_FORMATS)}"
             )
@@ -146,9 +173,11 @@ def _first_function(code: str) -> str:
 
 def from_flywheel(data: dict[str, Any], file_stem: str) -> TaskCandidate:
     kind = data.get("kind", "code")
-    if kind not in ("code", "answer"):
-        raise ValueError(f"'kind' must be 'code' or 'answer', not {kind!r}")
+    if kind not in KINDS:
+        raise ValueError(f"'kind' must be one of {', '.join(KINDS)}, not {kind!r}")
     task_id = str(data.get("task_id") or uuid.uuid4())
+    if kind in ("tool_call", "environment"):
+        return _tool_task(data, kind, task_id, file_stem)
     if kind == "answer" and data.get("answer") is None:
         raise KeyError("answer")
     return TaskCandidate(
@@ -163,6 +192,39 @@ def from_flywheel(data: dict[str, Any], file_stem: str) -> TaskCandidate:
         task_kind=kind,
         answer=_optional_text(data, "answer"),
         language=_text({"language": "python"} | data, "language", 32),
+    )
+
+
+def _tool_task(data: dict[str, Any], kind: str, task_id: str, file_stem: str) -> TaskCandidate:
+    """A tool_call task (its tools and expected calls) or an environment task (its tools and
+    environment), as `task_record` writes them; verifier QA then checks that they work."""
+    tools, messages = data.get("tools"), data.get("messages")
+    if messages is not None and not (
+        isinstance(messages, list) and all(isinstance(m, dict) for m in messages)
+    ):
+        raise TypeError("'messages' must be a list of chat messages")
+    if kind == "tool_call":
+        problem = expected_calls_problem(data.get("expected_calls"), tools)
+        if problem:
+            raise ValueError(f"a tool_call task needs 'tools' and 'expected_calls': {problem}")
+    else:
+        if problem := spec_problem(data.get("environment")):
+            raise ValueError(problem)
+        if problem := tools_problem(tools):
+            raise ValueError(
+                f"an environment task needs 'tools', the functions it offers: {problem}"
+            )
+    return TaskCandidate(
+        provenance=_provenance(task_id, str(data.get("group") or f"{file_stem}:{task_id}"), data),
+        prompt=_text(data, "prompt"),
+        entry_point=None,
+        reference_solution=None,
+        hidden_tests=None,
+        task_kind=kind,
+        messages=messages,
+        tools=tools,
+        expected_calls=data.get("expected_calls") if kind == "tool_call" else None,
+        environment=data.get("environment") if kind == "environment" else None,
     )
 
 
@@ -199,4 +261,9 @@ def task_record(task: VerifiableTask) -> dict[str, Any]:
         "group": task.group_key,
         "verifier_status": task.verifier_status,
         "tags": list(task.tags),
+        **{
+            name: value
+            for name in ("messages", "tools", "expected_calls", "environment")
+            if (value := getattr(task, name)) is not None
+        },
     }

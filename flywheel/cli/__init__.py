@@ -2,9 +2,11 @@
 exist) exits with status 2 and one line on stderr; other failures (a conflict, a refused
 state, an unreachable database) with status 1.
 
-Start-up stays light (`flywheel --help` in well under half a second): the command modules
-import only typer and the standard library at the top, and load the database, the services
-and rich inside the commands that use them (`bench/cli_startup.py` measures it).
+Start-up stays light (`flywheel --help` and a command that lists or creates a few rows in
+under half a second): a command's module is imported when that command runs (`BUILT_IN`,
+`flywheel.cli.lazy`); the command modules import only typer and the standard library at the
+top, and load the database, the services and rich inside the commands that use them, which
+map the models of the tables they touch only (`bench/cli_startup.py` measures it).
 """
 
 from __future__ import annotations
@@ -16,26 +18,8 @@ from typing import TYPE_CHECKING
 import typer
 from typer._click.exceptions import NoArgsIsHelpError  # typer vendors click; not re-exported
 
-from flywheel.cli import (
-    admin,
-    cycle,
-    dataset,
-    doctor,
-    evaluate,
-    gateway,
-    models,
-    redact,
-    report,
-    runs,
-    sandbox,
-    server,
-    signals,
-    train,
-    verify,
-    worker,
-)
 from flywheel.cli.console import VERBOSE_VARIABLE, quiet_third_parties, stay_verbose
-from flywheel.demo.runner import demo_command
+from flywheel.cli.lazy import Lazy, LazyGroup
 from flywheel.errors import FlywheelError, InvalidInput, NotFound
 
 if TYPE_CHECKING:
@@ -43,7 +27,42 @@ if TYPE_CHECKING:
 
 BAD_INPUT_EXIT = 2  # as for a usage error: the README's "one line, exit status 2"
 
+# The built-in commands, in the order the overview lists them: name -> where it lives.
+BUILT_IN = {
+    "init": Lazy("server", "init"),
+    "serve": Lazy("server", "serve"),
+    "gateway": Lazy("gateway", "gateway"),
+    "verify": Lazy("verify", "verify"),
+    "redact": Lazy("redact", "redact"),
+    "compile": Lazy("signals", "compile_command"),
+    "forget": Lazy("signals", "forget_command"),
+    "train": Lazy("train", "train"),
+    "eval": Lazy("evaluate", "evaluate"),
+    "cycle": Lazy("cycle", "cycle"),
+    "report": Lazy("report", "report"),
+    "worker": Lazy("worker", "worker"),
+    "demo": Lazy("demo", "demo"),
+    "doctor": Lazy("doctor", "doctor"),
+    "db": Lazy("server", "db", is_group=True),
+    "tenants": Lazy("admin", "tenants", is_group=True),
+    "keys": Lazy("admin", "keys", is_group=True),
+    "domains": Lazy("admin", "domains", is_group=True),
+    "sandbox": Lazy("sandbox", "sandbox", is_group=True),
+    "dataset": Lazy("dataset", "dataset", is_group=True),
+    "models": Lazy("models", "models", is_group=True),
+    "runs": Lazy("runs", "runs", is_group=True),
+    "suites": Lazy("suites", "suites", is_group=True),
+}
+
+
+class FlywheelGroup(LazyGroup):
+    """The `flywheel` group: a command's module loads when the command is asked for."""
+
+    lazy = BUILT_IN
+
+
 app = typer.Typer(
+    cls=FlywheelGroup,
     help="Flywheel: turn your LLM apps' usage into better models.",
     no_args_is_help=True,
     pretty_exceptions_enable=False,
@@ -66,30 +85,6 @@ def options(
     context.call_on_close(stay_verbose() if is_verbose else quiet_third_parties())
 
 
-app.command("init")(server.init)
-app.command("serve")(server.serve)
-app.command("gateway")(gateway.gateway)
-app.command("verify")(verify.verify)
-app.command("redact")(redact.redact)
-app.command("compile")(signals.compile_command)
-app.command("forget")(signals.forget_command)
-app.command("train")(train.train)
-app.command("eval")(evaluate.evaluate)
-app.command("cycle")(cycle.cycle)
-app.command("report")(report.report)
-app.command("worker")(worker.worker)
-app.command("demo")(demo_command)
-app.command("doctor")(doctor.doctor)
-app.add_typer(server.db, name="db")
-app.add_typer(admin.tenants, name="tenants")
-app.add_typer(admin.keys, name="keys")
-app.add_typer(admin.domains, name="domains")
-app.add_typer(sandbox.sandbox, name="sandbox")
-app.add_typer(dataset.dataset, name="dataset")
-app.add_typer(models.models, name="models")
-app.add_typer(runs.runs, name="runs")
-
-
 def entry_points(*, group: str) -> EntryPoints:
     """The installed entry points of `group` (importlib.metadata loads only when asked: it
     costs a tenth of the start-up)."""
@@ -106,10 +101,8 @@ def _add_plugins() -> None:
     `flywheel.cli` modules itself. A plugin named like a built-in command is passed over (an
     install from before `compile`, `forget` and `demo` moved into flywheel still lists them);
     one that does not load is a one-line error naming the fix."""
-    built_in = {command.name for command in app.registered_commands}
-    built_in |= {group.name for group in app.registered_groups}
     for plugin in entry_points(group="flywheel.cli"):
-        if plugin.name in built_in:  # an install from before the command moved into flywheel
+        if plugin.name in BUILT_IN:  # an install from before the command moved into flywheel
             continue
         try:
             command = plugin.load()
@@ -128,9 +121,7 @@ def _names_a_plugin(args: list[str]) -> bool:
     """Whether the command line may need the plugins: it names no built-in command (the
     overview lists them all), so `flywheel tenants create` never reads the entry points."""
     named = next((arg for arg in args if not arg.startswith("-")), None)
-    built_in = {command.name for command in app.registered_commands}
-    built_in |= {group.name for group in app.registered_groups}
-    return named not in built_in
+    return named not in BUILT_IN
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 __all__ = [
     "JsonOption",
     "as_lines",
+    "cli_actor",
     "commands_use_sessions",
     "database_session",
     "database_sessions",
@@ -127,6 +128,13 @@ def database_session() -> Iterator[Session]:
 
     with database_sessions() as sessions, unit_of_work(sessions) as session:
         yield session
+
+
+def cli_actor() -> str:
+    """Who an audit record names for a command: `cli:<login name>`."""
+    import getpass  # here: it loads termios, which no other command needs at start-up
+
+    return f"cli:{getpass.getuser()}"
 
 
 def emit(data: Any, *, as_json: bool, text: str) -> None:

@@ -4,6 +4,9 @@ The sandbox's parts (bwrap, setpriv, the system python3 and its libseccomp bindi
 namespaces, then a trial sandbox) and the training libraries. `flywheel demo` runs the same
 check (`preflight`) before any work, so a missing part costs one line, not a run that dies
 at its first sandbox.
+
+It loads the sandbox package (a tenth of the start-up) inside the functions, not at import:
+every command imports this module.
 """
 
 from __future__ import annotations
@@ -12,14 +15,15 @@ import dataclasses
 import importlib.util
 import os
 import shutil
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
 from flywheel.cli.common import JsonOption, emit
 from flywheel.errors import InvalidState, SandboxUnavailable
-from flywheel.sandbox import budget, check_available, process, requirements
-from flywheel.sandbox.requirements import Requirement
+
+if TYPE_CHECKING:
+    from flywheel.sandbox.requirements import Requirement, Tool
 
 TRAINING_LIBRARIES = ("torch", "transformers", "peft", "trl", "accelerate")
 TRAIN_FIX = "pip install torch==2.13.0 && pip install 'flywheel[train]' (the CPU torch first)"
@@ -27,6 +31,9 @@ TRAIN_FIX = "pip install torch==2.13.0 && pip install 'flywheel[train]' (the CPU
 
 def gather() -> list[Requirement]:
     """Every requirement, in the order they matter."""
+    from flywheel.sandbox import process
+    from flywheel.sandbox.requirements import Requirement
+
     sandbox = _sandbox()
     if os.environ.get(process.UNSAFE_ENV) == process.UNSAFE_VALUE:  # the sandbox is off
         sandbox = [dataclasses.replace(item, is_required=False) for item in sandbox]
@@ -53,6 +60,9 @@ def gather() -> list[Requirement]:
 
 def _sandbox() -> list[Requirement]:
     """The four tools, user namespaces and a trial sandbox (six rows)."""
+    from flywheel.sandbox import check_available, process, requirements
+    from flywheel.sandbox.requirements import Requirement
+
     tools = requirements.check_tools(process.seccomp_module())
     if any(not tool.is_present for tool in tools):
         missing = ", ".join(tool.name for tool in tools if not tool.is_present)
@@ -75,6 +85,8 @@ def _fix_of(message: str) -> str:
 
 
 def _training() -> list[Requirement]:
+    from flywheel.sandbox.requirements import Requirement
+
     missing = [name for name in TRAINING_LIBRARIES if importlib.util.find_spec(name) is None]
     if missing:
         detail = f"not installed: {', '.join(missing)} (train, eval, cycle and demo need them)"
@@ -100,6 +112,8 @@ def preflight(purpose: str, *, needs_git: bool = False) -> None:
 def doctor(as_json: bool = JsonOption) -> None:
     """Check what Flywheel needs from this host: the sandbox's parts (and which bwrap it
     uses), the training libraries; exit 1 when a required one is missing."""
+    from flywheel.sandbox import requirements
+
     found = gather()
     found.append(_memory_budget())
     bwrap = requirements.find_bwrap()
@@ -117,13 +131,16 @@ def doctor(as_json: bool = JsonOption) -> None:
 
 def _memory_budget() -> Requirement:
     """How a sandbox's memory is held (informational: the fallback is safe, only coarser)."""
+    from flywheel.sandbox import budget
+    from flywheel.sandbox.requirements import Requirement
+
     try:
         return Requirement("memory budget", True, budget.describe(), is_required=False)
     finally:
         budget.remove_parents()  # the cgroup directories describing it made
 
 
-def _text(found: list[Requirement], bwrap: requirements.Tool | None, missing: list[str]) -> str:
+def _text(found: list[Requirement], bwrap: Tool | None, missing: list[str]) -> str:
     lines = []
     for item in found:
         mark = "ok" if item.is_present else ("MISSING" if item.is_required else "absent")

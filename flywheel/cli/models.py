@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import getpass
 from typing import TYPE_CHECKING, Any
 
 import typer
 
 from flywheel.cli.common import (
     JsonOption,
+    cli_actor,
     database_session,
     database_sessions,
     emit,
@@ -34,15 +34,12 @@ def _registry() -> MlflowRegistry:
     return MlflowRegistry(settings().resolved_mlflow_tracking_uri)
 
 
-def _actor() -> str:
-    return f"cli:{getpass.getuser()}"
-
-
 @models.command("list")
 def list_command(
     domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
 ) -> None:
-    """The domain's versions (newest first), which is champion, and the history of moves."""
+    """The domain's versions (newest first), which is champion, which the live watch retired,
+    and the history of moves."""
     from flywheel.registry import service
 
     with database_session() as session:
@@ -50,7 +47,11 @@ def list_command(
             session=session, tenant_id=resolve_tenant_id(session, tenant), domain=domain
         )
         champion = found.champion.id if found.champion else None
-        versions = [version_json(v, is_champion=v.id == champion) for v in found.versions]
+        retired = {e.from_model_version_id for e in found.history if e.action == "retire"}
+        versions = [
+            version_json(v, is_champion=v.id == champion) | {"is_retired": v.id in retired}
+            for v in found.versions
+        ]
         data: dict[str, Any] = {
             "registered_model": found.name,
             "champion": found.champion.version if found.champion else None,
@@ -62,6 +63,7 @@ def list_command(
         f"{'passed' if v['gate_result'].get('is_promoted') else 'not passed'}"
         + ("  CHAMPION" if v["is_champion"] else "")
         + ("  TAINTED" if v["tainted_at"] else "")
+        + ("  RETIRED" if v["is_retired"] else "")
         for v in versions
     ]
     emit(data, as_json=as_json, text="\n".join(lines) or f"{found.name}: no versions yet")
@@ -89,7 +91,7 @@ def promote(
                 registry=_registry(),
                 domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
                 version=version,
-                actor=_actor(),
+                actor=cli_actor(),
                 reason=reason,
                 force=force,
             )
@@ -121,7 +123,7 @@ def rollback(
                 registry=_registry(),
                 domain=get_domain(session, resolve_tenant_id(session, tenant), domain),
                 to=to,
-                actor=_actor(),
+                actor=cli_actor(),
                 reason=reason,
             )
             target = session.get_one(ModelVersion, event.to_model_version_id)

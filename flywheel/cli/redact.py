@@ -23,8 +23,9 @@ def redact(
     ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Print the text with PII and secrets replaced by <TYPE> placeholders, and the report
-    (counts per type) on stderr, or both as one JSON object with --json."""
+    """Print the text as it would be stored: PII and secrets replaced by realistic
+    surrogates (the same value is the same surrogate throughout), and the report (counts per
+    type) on stderr, or both as one JSON object with --json."""
     from flywheel.redaction import redact as redact_text
 
     result = redact_text(_read(path), names=names)

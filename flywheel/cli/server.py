@@ -128,15 +128,15 @@ def _upgrade(url: str, revision: str = "head") -> str | None:
     from flywheel import migrate
     from flywheel.db import make_engine
 
+    engine = make_engine(settings())  # before migrating: a URL it cannot use is bad input
     try:
-        migrate.upgrade(url, revision)
-        from flywheel.scheduling import jobs  # here: keeps the CLI's start-up fast
+        try:
+            migrate.upgrade(url, revision)
+            from flywheel.scheduling import jobs  # here: keeps the CLI's start-up fast
 
-        jobs.ensure_schema(settings())  # procrastinate's tables, on PostgreSQL
-    except SQLAlchemyError as error:
-        raise InvalidState(f"could not migrate the database: {_first_line(error)}") from error
-    engine = make_engine(settings())
-    try:
+            jobs.ensure_schema(settings())  # procrastinate's tables, on PostgreSQL
+        except SQLAlchemyError as error:
+            raise InvalidState(f"could not migrate the database: {_first_line(error)}") from error
         return migrate.current_revision(engine)
     finally:
         engine.dispose()

@@ -3,13 +3,13 @@ a source record's data, and everything derived from it)."""
 
 from __future__ import annotations
 
-import getpass
 from typing import TYPE_CHECKING
 
 import typer
 
 from flywheel.cli.common import (
     JsonOption,
+    cli_actor,
     database_sessions,
     emit,
     progress_bar,
@@ -72,7 +72,7 @@ def forget_command(
             tenant_id=tenant_id,
             rater=rater,
             source_record=source_record,
-            actor=actor or f"cli:{getpass.getuser()}",
+            actor=actor or cli_actor(),
         )
     emit(report.as_json(), as_json=as_json, text=_forget_line(report))
 

@@ -5,16 +5,24 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections import Counter
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
 
-from flywheel.cli.common import JsonOption, database_session, emit, progress_bar
+from flywheel.cli.common import (
+    JsonOption,
+    database_session,
+    emit,
+    progress_bar,
+    resolve_tenant_id,
+)
 from flywheel.errors import InvalidInput
 
 if TYPE_CHECKING:
-    from flywheel.sandbox.qa import QaResult, TaskSpec
+    from flywheel.sandbox.qa import QaResult
+    from flywheel.signals.verification import QaSpec
 
 
 def verify(
@@ -22,14 +30,16 @@ def verify(
         None, "--file", help="A HumanEval-format JSONL task file (.jsonl or .jsonl.gz)."
     ),
     domain: str | None = typer.Option(None, "--domain", help="QA this domain's stored tasks."),
-    tenant: str | None = typer.Option(None, "--tenant", help="The domain's tenant."),
+    tenant: str | None = typer.Option(
+        None, "--tenant", help="The domain's tenant (may be left out when there is only one)."
+    ),
     recheck: bool = typer.Option(False, help="Also re-check tasks already marked."),
     workers: int = typer.Option(os.cpu_count() or 1, min=1, help="Tasks checked at once."),
     as_json: bool = JsonOption,
 ) -> None:
     """Mark tasks usable only if the reference passes 3 runs and trivial solutions fail."""
     if (file is None) == (domain is None):
-        raise InvalidInput("give exactly one of --file or --domain (with --tenant)")
+        raise InvalidInput("give exactly one of --file or --domain")
     if file is not None:
         from flywheel.sandbox.qa import load_task_file
 
@@ -49,11 +59,8 @@ def _verify_domain(
     from flywheel.signals import verification
     from flywheel.tenancy import service as tenancy
 
-    if tenant is None:
-        raise InvalidInput("--domain needs --tenant")
     with database_session() as session:
-        owner = tenancy.get_tenant(session=session, name=tenant)
-        domain_id = tenancy.get_domain(session, owner.id, domain).id
+        domain_id = tenancy.get_domain(session, resolve_tenant_id(session, tenant), domain).id
         tasks = verification.pending_tasks(
             session=session, domain_id=domain_id, include_checked=recheck
         )
@@ -71,7 +78,7 @@ def _verify_domain(
     return results, checked
 
 
-def _with_progress(specs: list[TaskSpec], workers: int, quiet: bool) -> list[QaResult]:
+def _with_progress(specs: Sequence[QaSpec], workers: int, quiet: bool) -> list[QaResult]:
     from flywheel.signals import verification
 
     with progress_bar("verifying tasks", is_quiet=quiet, total=len(specs)) as advance:

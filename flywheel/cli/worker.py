@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import socket
-
 import typer
 
 from flywheel.cli.common import JsonOption, database_sessions, emit, settings
@@ -44,6 +42,8 @@ def worker(
         from prometheus_client import start_http_server
 
         start_http_server(metrics_port, registry=cycle_metrics().registry)
+    import socket  # here: no other command needs it at start-up
+
     label = name or socket.gethostname()
     data = {"queues": queues, "concurrency": concurrency, "metrics_port": metrics_port}
     text = f"worker {label} on queues {', '.join(queues)} (concurrency {concurrency}); Ctrl-C stops"

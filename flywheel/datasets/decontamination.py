@@ -53,11 +53,12 @@ import sys
 import unicodedata
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Final, Literal, TypeVar
+from typing import Final, Literal, TypeVar
 
 import numpy as np
 import numpy.typing as npt
 
+from flywheel.datasets.hashsets import Buckets, HashSet, distinct, run_starts
 from flywheel.errors import InvalidInput
 from flywheel.signals.dedup import (
     DEFAULT_THRESHOLD,
@@ -133,11 +134,11 @@ def ngrams(text: str, n: int = DEFAULT_NGRAM_WORDS) -> set[int]:
     of fewer than n words yields one gram of all its words, an empty text none."""
     if n < 1:
         raise InvalidInput(f"n-grams have at least one word, not {n}")
-    grams, _ = _batch_grams([text], n)
+    grams, _ = batch_grams([text], n)
     return set(grams.tolist())
 
 
-def _batch_grams(texts: Sequence[str], n: int) -> tuple[Uint64s, Intps]:
+def batch_grams(texts: Sequence[str], n: int) -> tuple[Uint64s, Intps]:
     """Every text's grams, concatenated, and the index of the text each belongs to."""
     words, ends = _batch_words(texts)
     counts = np.diff(ends, prepend=0)
@@ -234,49 +235,6 @@ def _short_gram(words: Uint64s) -> int:
     return value ^ ((_SHORT_TAG * words.size) & _MASK)
 
 
-@dataclass(frozen=True)
-class _HashSet:
-    """Sorted distinct 64-bit hashes behind a bit filter (16 to 32 bits per hash, indexed by
-    its top bits). A batch probes the filter with one gather per needle and binary-searches
-    only the few percent that pass: about three times faster than sorting and searching all,
-    for 2-4 bytes per hash on top of the 8 of the hash."""
-
-    values: Uint64s
-    bits: npt.NDArray[np.uint8]
-    shift: np.uint64
-
-    @classmethod
-    def of(cls, values: Uint64s) -> _HashSet:
-        """The set of `values`, which are sorted and distinct."""
-        width = min(64, max(6, (16 * values.size).bit_length()))
-        shift = np.uint64(64 - width)
-        bits = np.zeros(1 << (width - 3), np.uint8)
-        slots = values >> shift
-        masks = np.left_shift(np.uint8(1), (slots & np.uint64(7)).astype(np.uint8))
-        np.bitwise_or.at(bits, (slots >> np.uint64(3)).astype(np.intp), masks)
-        return cls(values, bits, shift)
-
-    def positions(self, needles: Uint64s) -> Intps:
-        """Each needle's index in `values`, or -1 where it is absent."""
-        slots = needles >> self.shift
-        passed = self.bits[(slots >> np.uint64(3)).astype(np.intp)]
-        passed >>= (slots & np.uint64(7)).astype(np.uint8)
-        candidates = np.flatnonzero(passed & 1)
-        # Sorted, the candidates walk `values` in order: far fewer cache misses.
-        candidates = candidates[np.argsort(needles[candidates])]
-        wanted = needles[candidates]
-        # An empty set has no bit set, hence no candidates, and `found` is then empty too.
-        found = np.minimum(np.searchsorted(self.values, wanted), self.values.size - 1)
-        hit = self.values[found] == wanted
-        positions = np.full(needles.size, -1, dtype=np.intp)
-        positions[candidates[hit]] = found[hit]
-        return positions
-
-    @property
-    def nbytes(self) -> int:
-        return self.values.nbytes + self.bits.nbytes
-
-
 def _band_keys(signatures: Uint32s, threshold: float) -> Uint64s:
     """(rows, bands) 64-bit bucket keys, salted per band so all bands share one sorted index."""
     bands, rows = band_shape(threshold)
@@ -304,46 +262,13 @@ def _signed(texts: Sequence[str], signatures: Sequence[bytes | None]) -> list[by
     return [next(computed) if signature is None else signature for signature in signatures]
 
 
-def _batches(
-    items: Iterable[tuple[Key, str, bytes | None]],
-) -> Iterator[list[tuple[Key, str, bytes | None]]]:
+Row = TypeVar("Row")
+
+
+def _batches(items: Iterable[Row]) -> Iterator[list[Row]]:
     iterator = iter(items)
     while batch := list(itertools.islice(iterator, BATCH_ITEMS)):
         yield batch
-
-
-@dataclass(frozen=True)
-class _Buckets:
-    """The eval signatures' LSH buckets: sorted distinct keys and, per key, its eval rows
-    (CSR: `rows[starts[k]:starts[k + 1]]`)."""
-
-    keys: _HashSet
-    starts: Intps
-    rows: Intps
-
-    @classmethod
-    def of(cls, keys: Uint64s) -> _Buckets:
-        flat = keys.ravel()
-        order = np.argsort(flat, kind="stable")
-        starts = _run_starts(flat[order])
-        rows = (order // keys.shape[1]).astype(np.intp)
-        return cls(_HashSet.of(flat[order][starts]), np.append(starts, flat.size), rows)
-
-    def candidates(self, keys: Uint64s) -> tuple[Intps, Intps]:
-        """(query row, eval row) pairs sharing at least one bucket, each pair once."""
-        found = self.keys.positions(keys.ravel())
-        hit = np.flatnonzero(found >= 0)
-        positions, queries = found[hit], (hit // keys.shape[1]).astype(np.intp)
-        begins = self.starts[positions]
-        sizes = self.starts[positions + 1] - begins
-        first = np.repeat(begins - np.cumsum(sizes) + sizes, sizes)
-        members = self.rows[first + np.arange(first.size)]
-        pairs = _distinct(np.repeat(queries, sizes).astype(np.int64) << 32 | members)
-        return (pairs >> 32).astype(np.intp), (pairs & 0xFFFFFFFF).astype(np.intp)
-
-    @property
-    def nbytes(self) -> int:
-        return self.keys.nbytes + self.starts.nbytes + self.rows.nbytes
 
 
 class EvalIndex:
@@ -362,11 +287,11 @@ class EvalIndex:
     ) -> None:
         self.config = config
         self.eval_items = eval_items
-        self._grams = _HashSet.of(grams)
+        self._grams = HashSet.of(grams)
         self._signatures = signatures
         threshold = config.near_duplicate_threshold
         self._min_equal = 0 if threshold is None else math.ceil(threshold * NUM_PERM - 1e-9)
-        self._buckets = _Buckets.of(
+        self._buckets = Buckets.of(
             _band_keys(signatures, threshold)
             if threshold is not None
             else np.empty((0, 1), np.uint64)
@@ -402,6 +327,41 @@ class EvalIndex:
             grams=_kept_grams(gram_batches, config.max_eval_items_per_gram),
             signatures=_distinct_signatures(signatures),
             eval_items=eval_items,
+        )
+
+    @classmethod
+    def from_sketches(
+        cls, sketches: Sequence[tuple[bytes, bytes]], config: DecontaminationConfig
+    ) -> EvalIndex:
+        """The index `build` makes of the texts these (grams, signature) sketches came from
+        (`flywheel.datasets.sketches`: grams distinct per item, so counts count items)."""
+        arrays = [np.frombuffer(grams, dtype="<u8").astype(np.uint64) for grams, _ in sketches]
+        is_ngram = config.ngram_words is not None and bool(arrays)
+        is_near = config.near_duplicate_threshold is not None
+        return cls(
+            config,
+            grams=_kept_grams(
+                [np.concatenate(arrays)] if is_ngram else [], config.max_eval_items_per_gram
+            ),
+            signatures=_distinct_signatures(
+                [signature for _, signature in sketches] if is_near else []
+            ),
+            eval_items=len(sketches),
+        )
+
+    def extended(self, sketches: Sequence[tuple[bytes, bytes]]) -> EvalIndex:
+        """This index with more eval items, given as sketches: equal to indexing them all at
+        once (without a per-gram item limit, which needs every item's grams counted)."""
+        if self.config.max_eval_items_per_gram is not None:
+            raise InvalidInput("an index that drops frequent grams cannot be extended")
+        added = EvalIndex.from_sketches(sketches, self.config)
+        grams = distinct(np.concatenate([self._grams.values, added._grams.values]))
+        rows = [row.tobytes() for row in (*self._signatures, *added._signatures)]
+        return EvalIndex(
+            self.config,
+            grams=grams,
+            signatures=_distinct_signatures(rows),
+            eval_items=self.eval_items + added.eval_items,
         )
 
     @property
@@ -442,10 +402,28 @@ class EvalIndex:
             for index in np.flatnonzero(overlaps | near).tolist():
                 yield keys[index], NGRAM_OVERLAP if overlaps[index] else NEAR_DUPLICATE
 
+    def contaminated_sketches(
+        self, items: Iterable[tuple[Key, bytes, bytes]]
+    ) -> Iterator[tuple[Key, Reason]]:
+        """`contaminated` for items given as (key, stored grams, stored signature), as
+        `flywheel.datasets.sketches` makes them from the same texts: the same answers
+        without normalising, hashing or signing anything."""
+        for batch in _batches(items):
+            keys, grams, signatures = zip(*batch, strict=True)
+            overlaps = np.zeros(len(keys), dtype=bool)
+            if self.config.ngram_words is not None and self._grams.values.size:
+                arrays = [np.frombuffer(blob, dtype="<u8").astype(np.uint64) for blob in grams]
+                owners = np.repeat(np.arange(len(arrays)), [array.size for array in arrays])
+                found = self._grams.positions(np.concatenate(arrays)) >= 0
+                overlaps[owners[found]] = True
+            near = self._near_duplicates([""] * len(keys), signatures, skip=overlaps)
+            for index in np.flatnonzero(overlaps | near).tolist():
+                yield keys[index], NGRAM_OVERLAP if overlaps[index] else NEAR_DUPLICATE
+
     def _ngram_overlaps(self, texts: Sequence[str]) -> BoolArray:
         overlaps = np.zeros(len(texts), dtype=bool)
         if self.config.ngram_words is not None and self._grams.values.size:
-            grams, owners = _batch_grams(texts, self.config.ngram_words)
+            grams, owners = batch_grams(texts, self.config.ngram_words)
             overlaps[owners[self._grams.positions(grams) >= 0]] = True
         return overlaps
 
@@ -473,9 +451,9 @@ class EvalIndex:
 def _eval_grams(texts: Sequence[str], n: int, max_items: int | None) -> Uint64s:
     """A batch's eval grams: distinct overall, or, when frequent grams are to be dropped, one
     per (item, gram), so that counting them later counts items."""
-    grams, owners = _batch_grams(texts, n)
+    grams, owners = batch_grams(texts, n)
     if max_items is None:
-        return _distinct(grams)
+        return distinct(grams)
     order = np.lexsort((grams, owners))
     grams, owners = grams[order], owners[order]
     first = np.ones(grams.size, dtype=bool)
@@ -488,7 +466,7 @@ def _kept_grams(batches: list[Uint64s], max_items: int | None) -> Uint64s:
     if not batches:
         return np.empty(0, np.uint64)
     grams = np.sort(np.concatenate(batches))
-    starts = _run_starts(grams)
+    starts = run_starts(grams)
     if max_items is None:
         return grams[starts]
     counts = np.diff(starts, append=grams.size)
@@ -500,16 +478,3 @@ def _distinct_signatures(signatures: list[bytes]) -> Uint32s:
     and without the signature of a wordless text."""
     distinct = sorted(set(signatures) - {_NO_SHINGLES})
     return _signature_matrix(distinct)
-
-
-def _distinct(values: npt.NDArray[Any]) -> npt.NDArray[Any]:
-    """The sorted distinct values (`np.unique` hashes since numpy 2.3: 5 s for 4M uint64 here)."""
-    ordered = np.sort(values)
-    return ordered[_run_starts(ordered)]
-
-
-def _run_starts(ordered: npt.NDArray[Any]) -> Intps:
-    """Where each run of equal values of a sorted array starts."""
-    if ordered.size == 0:
-        return np.empty(0, np.intp)
-    return np.flatnonzero(np.concatenate(([True], ordered[1:] != ordered[:-1])))

@@ -7,12 +7,16 @@
                          "weight"}
     {split}/kto.jsonl   {"prompt": messages, "completion": [assistant], "label": bool, "weight"}
     {split}/grpo.jsonl  {"prompt": [user task prompt], "task_id", "task_kind", "entry_point",
-                         "tests", "answer", "difficulty", "weight"}
+                         "tests", "answer", "tools", "expected_calls", "environment",
+                         "difficulty", "weight"}
 
   GRPO hands every column but `prompt` to the reward functions as keyword lists, so `tests`
   (visible then hidden, as the verifier joins them) and `entry_point` reach
   `flywheel.sandbox.rewards.CodeReward` and never the policy. The reference solution is not
   exported: GRPO learns from the reward, and a solution column is one bug away from a prompt.
+  Tool-call and environment tasks: the prompt is the task's messages (system turns kept),
+  `tools`, `expected_calls` and `environment` are JSON text (null for other kinds): the
+  expected calls and the environment's ground truth are the answer key, for the reward only.
   Every trl row's `weight` is the item's sampling weight: the recipes draw rows in proportion
   to it (finetune.sampling).
   Tool calling (TRL's tool-calling dataset format): messages keep OpenAI's `tool_calls`
@@ -165,20 +169,47 @@ def trl_kto(record: LabelRecord) -> Row:
 def trl_grpo(record: TaskRecord) -> Row:
     check_task(record)
     tests = task_tests(record)
-    if record.task_kind == "code" and not (tests and record.entry_point):
-        raise refuse(record.item_id, "a code task needs tests and an entry point to be rewarded")
-    if record.task_kind == "answer" and not (record.answer and record.answer.strip()):
-        raise refuse(record.item_id, "an answer task needs its answer to be rewarded")
+    _refuse_unrewardable(record, tests)
     return {
-        "prompt": [{"role": "user", "content": record.prompt}],
+        "prompt": _task_prompt(record),
         "task_id": record.item_id,
         "task_kind": record.task_kind,
         "entry_point": record.entry_point,
         "tests": tests,
         "answer": record.answer,
+        # JSON text: their values mix types row to row (an argument's acceptable values are
+        # [10] in one task and ["cm", ""] in the next), which a typed column cannot hold.
+        "tools": _json_or_none(record.tools),
+        "expected_calls": _json_or_none(record.expected_calls),
+        "environment": _json_or_none(record.environment),
         "difficulty": record.difficulty,
         "weight": checked_weight(record.weight, record.item_id),
     }
+
+
+def _refuse_unrewardable(record: TaskRecord, tests: str | None) -> None:
+    """A task the reward has nothing to go on for is refused, naming what it lacks."""
+    item_id, kind = record.item_id, record.task_kind
+    if kind == "code" and not (tests and record.entry_point):
+        raise refuse(item_id, "a code task needs tests and an entry point to be rewarded")
+    if kind == "answer" and not (record.answer and record.answer.strip()):
+        raise refuse(item_id, "an answer task needs its answer to be rewarded")
+    if kind == "tool_call" and not (record.tools and record.expected_calls):
+        raise refuse(item_id, "a tool_call task needs its tools and expected calls")
+    if kind == "environment" and not (record.tools and record.environment):
+        raise refuse(item_id, "an environment task needs its tools and environment")
+
+
+def _task_prompt(record: TaskRecord) -> list[dict[str, Any]]:
+    """A task's prompt as chat messages: its own messages when it has them, else one user
+    turn."""
+    if record.messages is None:
+        return [{"role": "user", "content": record.prompt}]
+    return _trl_prompt(record.messages, record.item_id)
+
+
+def _json_or_none(value: object) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False, sort_keys=True)
 
 
 # --- openai --------------------------------------------------------------------------------
@@ -292,6 +323,12 @@ def full_task(record: TaskRecord) -> Row:
         "answer": record.answer,
         "difficulty": record.difficulty,
         "weight": checked_weight(record.weight, record.item_id),
+        **_present(
+            messages=record.messages,
+            tools=record.tools,
+            expected_calls=record.expected_calls,
+            environment=record.environment,
+        ),
     }
 
 

@@ -29,7 +29,7 @@ ROLES = frozenset({"system", "user", "assistant", "tool"})
 # The completion answers the prompt's last turn: a chat template renders a generation prompt
 # after a user or tool turn, and refuses (TRL) or continues (assistant) anything else.
 PROMPT_LAST_ROLES = frozenset({"user", "tool"})
-TASK_KINDS = frozenset({"code", "answer"})
+TASK_KINDS = frozenset({"code", "answer", "tool_call", "environment"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,6 +94,10 @@ class TaskRecord:
     group_key: str
     item_id: str
     weight: float = 1.0
+    messages: list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    expected_calls: list[dict[str, Any]] | None = None
+    environment: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

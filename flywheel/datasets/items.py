@@ -1,7 +1,7 @@
 """What a dataset version is built from: the signal tables as item kinds, an item's plain
 row (text to decontaminate, prompt key, weight, group), and the prompt keys a version holds.
 
-    for item in eligible_items(session, domain_id): ...
+    for item in eligible_items(session, domain_id, recipe.ngram): ...
     prompt_keys(session, [version.id], "eval")   # the keys of what a model is scored on
 
 An item's prompt key (`flywheel.signals.content.prompt_key`: its conversation up to the
@@ -22,7 +22,7 @@ from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked
-from flywheel.datasets.models import DatasetMember
+from flywheel.datasets.models import DatasetMember, ItemSketch
 from flywheel.datasets.split import Split
 from flywheel.signals.content import prompt_key, task_prompt_key
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
@@ -52,51 +52,56 @@ class Item:
     group_key: str
     content_sha256: str
     weight: float
-    text: str
-    minhash: bytes | None
     source_kind: str
-    prompt_key: str
+    prompt_key: str | None  # its hash, from its sketch (None before it has one)
     difficulty: float | None = None
     mixed_from: str | None = None  # the other domain it was mixed in from
 
 
-def eligible_items(session: Session, domain_id: uuid.UUID) -> Iterator[Item]:
-    """Plain rows (no ORM objects: a build reads every item of the domain), in chunks."""
+def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> Iterator[Item]:
+    """Plain rows (no ORM objects: a build reads every item of the domain), in chunks, with
+    the prompt-key hash of their sketch for n-grams of `ngram_words` words (None without)."""
     for kind in KINDS:
         model = kind.model
-        texts = text_columns(model)
+        sketch = ItemSketch.__table__.c
         difficulty = VerifiableTask.difficulty if model is VerifiableTask else null()
-        query = select(
-            model.id,
-            model.group_key,
-            model.content_sha256,
-            model.weight,
-            model.minhash,
-            model.source_kind,
-            difficulty,
-            *texts,
-        ).where(model.domain_id == domain_id, model.weight > 0, model.duplicate_of_id.is_(None))
+        query = (
+            select(
+                model.id,
+                model.group_key,
+                model.content_sha256,
+                model.weight,
+                model.source_kind,
+                difficulty,
+                sketch.prompt_key,
+            )
+            .outerjoin(
+                ItemSketch,
+                and_(sketch[kind.member_column] == model.id, sketch.ngram_words == ngram_words),
+            )
+            .where(model.domain_id == domain_id, model.weight > 0, model.duplicate_of_id.is_(None))
+        )
         if model is VerifiableTask:
             query = query.where(
                 or_(
                     VerifiableTask.task_kind == "answer",
                     and_(
-                        VerifiableTask.task_kind == "code",
+                        # Checked by running: only what verifier QA found usable.
+                        VerifiableTask.task_kind.in_(("code", "tool_call", "environment")),
                         VerifiableTask.verifier_status == "usable",
                     ),
                 )
             )
-        rows = session.execute(query.execution_options(stream_results=True, yield_per=5_000))
-        for item_id, group_key, sha256, weight, minhash, source, ease, *parts in rows:
-            text, key = _text_and_key(parts)
+        rows = session.connection().execute(
+            query.execution_options(stream_results=True, yield_per=5_000)
+        )
+        for item_id, group_key, sha256, weight, source, ease, key in rows:
             yield Item(
                 kind=kind.name,
                 id=item_id,
                 group_key=group_key,
                 content_sha256=sha256,
                 weight=weight,
-                text=text,
-                minhash=minhash,
                 source_kind=source,
                 prompt_key=key,
                 difficulty=ease,
@@ -121,7 +126,7 @@ def _calls_text(column: Any) -> Any:
     return func.coalesce(cast_(column, Text), "")
 
 
-def _text_and_key(parts: list[Any]) -> tuple[str, str]:
+def text_and_key(parts: list[Any]) -> tuple[str, str]:
     """The text decontamination compares, and the prompt key (`signals.content.prompt_key`),
     from the `text_columns` of one item (its messages parsed once)."""
     if len(parts) == 1:  # a task: its prompt

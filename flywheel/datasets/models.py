@@ -6,7 +6,15 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, Float, ForeignKey, Index, String, UniqueConstraint
+from sqlalchemy import (
+    CheckConstraint,
+    Float,
+    ForeignKey,
+    Index,
+    LargeBinary,
+    String,
+    UniqueConstraint,
+)
 from sqlalchemy.orm import Mapped, mapped_column
 
 from flywheel.db import Base, IdMixin, JsonType
@@ -109,4 +117,44 @@ class DatasetGroup(IdMixin, Base):
     split: Mapped[str] = mapped_column(String(8))
     first_version_id: Mapped[uuid.UUID | None] = mapped_column(
         ForeignKey("dataset_versions.id", ondelete="SET NULL")
+    )
+
+
+class ItemSketch(IdMixin, Base):
+    """An item's decontamination sketch, computed once (flywheel.datasets.sketches): its
+    prompt key's hash, its distinct hashed n-grams and its MinHash signature over the text
+    decontamination compares. Exactly one item column is set; a sketch made by other rules
+    (`sketcher`) is rebuilt, and deleting the item deletes its sketch."""
+
+    __tablename__ = "item_sketches"
+    __table_args__ = (
+        CheckConstraint(
+            " + ".join(f"(CASE WHEN {column} IS NULL THEN 0 ELSE 1 END)" for column in ITEM_COLUMNS)
+            + " = 1",
+            name="exactly_one_item",
+        ),
+        *(UniqueConstraint(column, "ngram_words") for column in ITEM_COLUMNS),
+        Index(None, "prompt_key"),
+    )
+
+    sketcher: Mapped[int] = mapped_column(doc="The sketch rules' version (normaliser, hashes).")
+    ngram_words: Mapped[int]
+    prompt_key: Mapped[str] = mapped_column(String(64), doc="sha256 of the item's prompt key.")
+    grams: Mapped[bytes] = mapped_column(
+        LargeBinary, doc="Distinct n-gram hashes, sorted, little-endian uint64."
+    )
+    signature: Mapped[bytes] = mapped_column(
+        LargeBinary, doc="MinHash signature of the compared text as one field."
+    )
+    sft_example_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("sft_examples.id", ondelete="CASCADE")
+    )
+    preference_pair_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("preference_pairs.id", ondelete="CASCADE")
+    )
+    verifiable_task_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("verifiable_tasks.id", ondelete="CASCADE")
+    )
+    labeled_completion_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("labeled_completions.id", ondelete="CASCADE")
     )

@@ -223,6 +223,10 @@ def _tasks(session: Session, version_id: uuid.UUID, split: str) -> Iterator[Task
         model.difficulty,
         model.group_key,
         model.id,
+        model.messages,
+        model.tools,
+        model.expected_calls,
+        model.environment,
     )
     query = _members(columns, DatasetMember.verifiable_task_id, model, version_id, split)
     for row in _rows(session, query):
@@ -238,4 +242,8 @@ def _tasks(session: Session, version_id: uuid.UUID, split: str) -> Iterator[Task
             group_key=row.group_key,
             item_id=str(row.id),
             weight=row.weight,
+            messages=row.messages,
+            tools=row.tools,
+            expected_calls=row.expected_calls,
+            environment=row.environment,
         )

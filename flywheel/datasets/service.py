@@ -21,6 +21,13 @@ have a version of its own before it can be mixed in. `DatasetRecipe.source_weigh
 items' weights by their source kind (0 leaves a source out). Both are part of the recipe, so of
 the manifest hash; a changed mix makes a new version even when no item is new.
 
+What a build reads: each item's sketch (flywheel.datasets.sketches: its prompt-key hash,
+n-grams and signature), made once, when a build first needs it, and stored; an item's text is
+read only then. Decontamination compares sketches, against the eval index the last build of
+the eval set kept (flywheel.datasets.overlap), extended by the new eval items. So a build after
+a few new items sketches those, and reads the sketches of this version's train candidates
+only; its manifest is the one a build from scratch (no sketch, no kept index) would give.
+
 Small domains: the recipe's eval fraction places only groups no build placed yet, and a
 domain's `dataset.min_eval_items` (flywheel.datasets.settings) makes new groups fill eval first
 while its eval groups hold fewer items (the minimum used is kept in the stats). A build whose
@@ -37,7 +44,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import Table, case, func, select, update
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked, insert_ignoring_conflicts
@@ -45,7 +52,6 @@ from flywheel.datasets.eval_size import eval_size_warnings
 from flywheel.datasets.items import KINDS, Item, eligible_items
 from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
 from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
-from flywheel.datasets.overlap import decontaminate, withhold_trained
 from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import domain_lock, utcnow
@@ -131,10 +137,17 @@ def _build(
     recipe: DatasetRecipe,
     min_eval_items: int,
 ) -> Built:
+    # Here: decontamination and sketches load numpy, which the version reads (`flywheel
+    # dataset list`) skip.
+    from flywheel.datasets.overlap import decontaminate, withhold_trained
+    from flywheel.datasets.sketches import ensure_sketches
+
     domain_lock(session, domain_id, "dataset-build")
+    session.flush()  # the reads below run on the connection (Core rows: a third of the cost)
     parent = latest_version(session=session, domain_id=domain_id)
     history = _History.load(session, domain_id)
-    eligible = list(eligible_items(session, domain_id))
+    ensure_sketches(session, _sketched_domains(session, tenant_id, domain_id, recipe), recipe.ngram)
+    eligible = list(eligible_items(session, domain_id, recipe.ngram))
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     number = (parent.version + 1) if parent else 1
@@ -143,10 +156,10 @@ def _build(
     if parent is not None and is_same and not stats["new"] and not stats["new_eval"]:
         return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
     evaluation, stats["withheld_from_eval"] = withhold_trained(
-        session, domain_id, evaluation, history.evaluated
+        session, domain_id, evaluation, history.evaluated, recipe.ngram
     )
     train, stats["source_weighted_out"] = _source_weighted(train, recipe.source_weights)
-    train, contaminated = decontaminate(train, [*evaluation, *their_eval], recipe)
+    train, contaminated = decontaminate(session, train, [*evaluation, *their_eval], recipe)
     if parent is not None and is_same and not _has_new(evaluation, train, history):
         # what was new was left out again (withheld, weighted out, contaminated): no new version
         return Built(parent, is_new=False, stats=parent.stats)
@@ -259,20 +272,22 @@ class _History:
 
     @classmethod
     def load(cls, session: Session, domain_id: uuid.UUID) -> _History:
-        columns = [MEMBERS.c[kind.member_column] for kind in KINDS]
-        rows = session.execute(
-            select(MEMBERS.c.split, *columns)
-            .join(DatasetVersion, DatasetVersion.id == MEMBERS.c.dataset_version_id)
-            .where(DatasetVersion.domain_id == domain_id)
-        )
+        """One row per item any version held (not per version and item), and whether one
+        held it in eval."""
         seen, evaluated = set(), set()
-        for split, *ids in rows:
-            kind, item_id = next(
-                (kind.name, item_id) for kind, item_id in zip(KINDS, ids, strict=True) if item_id
+        is_eval = func.max(case((MEMBERS.c.split == "eval", 1), else_=0))
+        for kind in KINDS:
+            column = MEMBERS.c[kind.member_column]
+            rows = session.connection().execute(
+                select(column, is_eval)
+                .join(DatasetVersion, DatasetVersion.id == MEMBERS.c.dataset_version_id)
+                .where(DatasetVersion.domain_id == domain_id, column.is_not(None))
+                .group_by(column)
             )
-            seen.add((kind, item_id))
-            if split == "eval":
-                evaluated.add((kind, item_id))
+            for item_id, was_eval in rows:
+                seen.add((kind.name, item_id))
+                if was_eval:
+                    evaluated.add((kind.name, item_id))
         return cls(seen, evaluated)
 
 
@@ -316,12 +331,28 @@ def _mixed_items(
             )
         )
         evaluated = _History.load(session, other).evaluated
-        for item in eligible_items(session, other):
+        for item in eligible_items(session, other, recipe.ngram):
             if item.group_key not in train_groups or (item.kind, item.id) in evaluated:
                 their_eval.append(item)  # or not yet placed: compared against, never drawn
             elif _drawn(f"mix:{other}", item, share):
                 items.append(replace(item, mixed_from=name))
     return items, their_eval
+
+
+def _sketched_domains(
+    session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: DatasetRecipe
+) -> list[uuid.UUID]:
+    """The domains whose items a build compares: its own, those it mixes in now, and those
+    its earlier versions mixed in (their trained prompts keep new eval items out)."""
+    names = set(recipe.mix)
+    for mixed in session.scalars(
+        select(DatasetVersion.recipe).where(DatasetVersion.domain_id == domain_id)
+    ):
+        names.update(mixed.get("mix", {}))
+    others = session.scalars(
+        select(Domain.id).where(Domain.tenant_id == tenant_id, Domain.name.in_(sorted(names)))
+    )
+    return [domain_id, *sorted(set(others) - {domain_id})]
 
 
 def _mixed_domain(
@@ -374,7 +405,7 @@ def _assign(
     hold fewer eligible items than the domain's minimum, then the recipe's fraction."""
     assigned: dict[str, Split] = {
         group_key: cast(Split, split)
-        for group_key, split in session.execute(
+        for group_key, split in session.connection().execute(
             select(DatasetGroup.group_key, DatasetGroup.split).where(
                 DatasetGroup.domain_id == domain_id
             )

@@ -29,11 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import typer
 import yaml
 from rich.console import Console
 
-from flywheel.cli.common import JsonOption, database_session, emit
+from flywheel.cli.common import database_session, emit
 from flywheel.cli.doctor import preflight
 from flywheel.demo.arithmetic_feedback import live_problems
 from flywheel.demo.data import (
@@ -212,16 +211,9 @@ def _stage(demo: Demo, number: int, total: int, title: str) -> Any:
     sys.stderr.write(f"[{number}/{total}] done in {seconds:.1f} s\n")
 
 
-def demo_command(
-    directory: Path = typer.Option(
-        Path("flywheel-demo"), "--dir", help="Where to run it (created; must be new)."
-    ),
-    quick: bool = typer.Option(False, "--quick", help="The short CI smoke run (< 3 minutes)."),
-    as_json: bool = JsonOption,
-) -> None:
-    """Run the whole flywheel on bundled sample data: ingest, a tiny base model, a cycle, live
-    traffic through the gateway, more feedback, a second cycle, live traffic; then a summary
-    table and an HTML report."""
+def demo_command(directory: Path, *, quick: bool, as_json: bool) -> None:
+    """`flywheel demo` (registered, with its options and help, by flywheel.cli.demo): run the
+    demo, then print its summary table (or JSON) and where the report is."""
     from flywheel.demo.summary import (  # DB models: here
         cycle_rows,
         domain_counts,

@@ -144,6 +144,7 @@ def print_summary(
     counts: dict[str, dict[str, Any]],
     cycles: list[dict[str, Any]],
     versions: list[dict[str, Any]],
+    tools: list[dict[str, Any]] | None = None,
 ) -> None:
     data = Table(title="Data and training signal, per domain")
     data.add_column("")
@@ -183,6 +184,22 @@ def print_summary(
             _number(row["live_thumbs_up_rate"]),
         )  # fmt: skip
     console.print(live)
+    if tools:
+        print_tool_rows(console, tools)
+
+
+def print_tool_rows(console: Console, tools: list[dict[str, Any]]) -> None:
+    """The tool domain: held-out environment success of base, SFT and GRPO."""
+    table = Table(title="The orders domain: held-out environment success (the tool call acted)")
+    for column in ("stage", "version", "held-out success", "gate", "promoted"):
+        table.add_column(column, justify="right")
+    for row in tools:
+        promoted = row.get("promoted")
+        table.add_row(
+            row["stage"], row["version"], _number(row["held_out_success"]), row.get("gate", "-"),
+            "-" if promoted is None else "yes" if promoted else "no",
+        )  # fmt: skip
+    console.print(table)
 
 
 def _version(name: object) -> str:

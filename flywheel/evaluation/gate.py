@@ -32,7 +32,9 @@ error as the interval's lower bound. 4-0 gives p = 0.0625 and is refused; 6-0 (p
 is the fewest clean wins that can pass. Promotion needs both the interval and the test.
 
 Slices. Every item belongs to several slices (its source kind, `source:ticket`, plus each of
-its tags, `skill:carry`, `ticket.category:billing`, `difficulty:hard`); a slice with at least
+its tags, `skill:carry`, `ticket.category:billing`, `difficulty:hard`, and for tool-use tasks
+the tools and environments they exercise, `tool:get_weather`, `environment:TwitterAPI`, as the
+BFCL importer tags them); a slice with at least
 `min_slice_items` items is judged, smaller ones are reported only. A judged slice regresses
 when both hold:
 

@@ -16,12 +16,17 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from flywheel.evaluation.gate import DEFAULT_MIN_ITEMS
-
 PRIMARY_ORDER = ("pass@1", "preference_accuracy", "exact_match")
 METRIC_KINDS = {"pass@1": "task", "pass@k": "task", "preference_accuracy": "pair",
-                "exact_match": "sft"}  # fmt: skip
-"""Metric -> the dataset item kind `finetune.evaluate` scores it on."""
+                "exact_match": "sft", "call_accuracy": "task", "name_accuracy": "task",
+                "argument_accuracy": "task", "environment_success": "task"}  # fmt: skip
+"""Metric -> the dataset item kind `finetune.evaluate` scores it on. The tool metrics are
+scored on tasks of one task kind only (call, name and argument accuracy on tool-call tasks,
+environment success on environment tasks), so for them the count is every task's: an upper
+bound, and the gate still refuses fewer than its min_items scored."""
+LOSS_NAMES = ("sft_loss", "turns_used", "tool_calls", "tool_errors")
+"""What `finetune.evaluate` reports as losses: stored and summarised, never gated (the gate's
+scores are in [0, 1], and more turns or calls is not worse as such)."""
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,8 @@ class EvalReadiness:
 
 def gate_min_items(config: Mapping[str, Any]) -> int:
     """The gate's minimum for the domain: its `gate.min_items`, else the default."""
+    from flywheel.evaluation.gate import DEFAULT_MIN_ITEMS  # here: the gate loads numpy
+
     configured = (config.get("gate") or {}).get("min_items")
     if isinstance(configured, int) and not isinstance(configured, bool) and configured >= 1:
         return configured

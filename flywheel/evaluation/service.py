@@ -16,8 +16,12 @@ paired comparison can be recomputed), and the verdict is tagged on the version i
 registry.
 
 Gate policy: `flywheel.evaluation.gate.GatePolicy` defaults, with the primary metric chosen per
-domain — the domain config's `primary_metric`, else pass@1 when the eval set has tasks,
-preference accuracy when it has pairs, exact match otherwise — and any field overridden by the
+domain — the domain config's `primary_metric`, else pass@1 when the eval set has tasks (of
+every kind: for tool-call tasks it is their call accuracy, for environment tasks their
+environment success), preference accuracy when it has pairs, exact match otherwise; a tool
+domain may name `call_accuracy`, `argument_accuracy` or `environment_success` — and every other
+metric measured is a secondary one (losses, such as `turns_used`, never are) — with any field
+overridden by the
 domain config's `gate` mapping (for example `{"min_items": 10}`, or per-slice tolerances
 `{"slice_tolerances": {"skill:no-carry": 0.05}}`; a slice no eval item has is refused before
 anything is scored). Slices: `flywheel.evaluation.slices` (source kind, tags, difficulty,
@@ -58,8 +62,8 @@ from flywheel.evaluation.gate import (
     require_known_slices,
 )
 from flywheel.evaluation.lineage import check_lineage
+from flywheel.evaluation.readiness import LOSS_NAMES, eval_readiness
 from flywheel.evaluation.readiness import PRIMARY_ORDER as PRIMARY_ORDER  # reporting reads it here
-from flywheel.evaluation.readiness import eval_readiness
 from flywheel.evaluation.slices import item_slices, slice_rules
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import ModelVersion
@@ -276,6 +280,11 @@ def _policy(config: dict[str, Any], metrics: dict[str, Any]) -> GatePolicy:
     primary = config.get("primary_metric") or next(
         (name for name in PRIMARY_ORDER if name in metrics), sorted(metrics)[0]
     )
+    if primary in LOSS_NAMES:
+        raise InvalidInput(
+            f"the domain's primary metric {primary!r} is a loss, reported but never gated: "
+            "name a metric in [0, 1] (pass@1, call_accuracy, environment_success, ...)"
+        )
     if primary not in metrics:
         raise InvalidInput(f"the domain's primary metric {primary!r} was not measured")
     overrides = dict(config.get("gate") or {})

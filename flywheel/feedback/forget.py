@@ -21,7 +21,6 @@ request is a `forget_requests` row that keeps the subject only as a hash.
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections import Counter
 from dataclasses import dataclass, field
@@ -35,7 +34,8 @@ from flywheel.datasets.items import KINDS
 from flywheel.datasets.service import taint_versions, versions_holding
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput
-from flywheel.feedback.models import FeedbackEvent, ForgetRequest, Interaction
+from flywheel.feedback import retention
+from flywheel.feedback.models import FeedbackEvent, ForgetRequest, Interaction, subject_sha256
 from flywheel.registry.service import taint_models_trained_on
 from flywheel.signals.compile import event_prompts, group_key_of, recompile_prompts
 from flywheel.signals.dedup import link_near_duplicates
@@ -71,11 +71,6 @@ class ForgetReport:
         }
 
 
-def subject_sha256(tenant_id: uuid.UUID, kind: str, subject: str) -> str:
-    """How the audit names a subject: hash the id the same way to find its requests."""
-    return hashlib.sha256(f"{tenant_id}:{kind}:{subject}".encode()).hexdigest()
-
-
 def forget(
     sessions: sessionmaker[Session],
     *,
@@ -105,6 +100,7 @@ def forget(
             _forget_events(session, tenant_id, _rater_events(tenant_id, rater), report)
         else:
             _forget_source_record(session, tenant_id, subject, report)
+        _forget_purged(session, tenant_id, kind, subject, report)
         _taint(session, report)
         request.counts = dict(report.counts)
         request.dataset_version_ids = [str(each) for each in report.dataset_version_ids]
@@ -175,6 +171,25 @@ def _forget_events(
     for domain_id, domain_prompts in prompts.items():
         recompiled = recompile_prompts(session, tenant_id, domain_id, domain_prompts)
         report.counts["recompiled_items"] += recompiled.inserted
+        link_near_duplicates(session, domain_id=domain_id)
+
+
+def _forget_purged(
+    session: Session, tenant_id: uuid.UUID, kind: str, subject: str, report: ForgetReport
+) -> None:
+    """What was compiled from the subject's events that retention already deleted
+    (`flywheel.feedback.retention`): those conversations' items go, and they are recompiled
+    from the events that remain."""
+    purged = retention.take_traces(session, tenant_id=tenant_id, kind=kind, subject=subject)
+    for domain_id, groups in purged.items():
+        for item_kind in KINDS:
+            if item_kind.model in COMPILED:
+                ids = _compiled_items(session, item_kind.model, domain_id, groups)
+                _delete_items(session, item_kind.model, item_kind.member_column, ids, report)
+        prompts = retention.prompts_of_groups(session, tenant_id, domain_id, groups)
+        if prompts:
+            recompiled = recompile_prompts(session, tenant_id, domain_id, prompts)
+            report.counts["recompiled_items"] += recompiled.inserted
         link_near_duplicates(session, domain_id=domain_id)
 
 

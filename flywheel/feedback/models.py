@@ -6,6 +6,7 @@ so a replay finds the first row by a unique constraint instead of a second table
 
 from __future__ import annotations
 
+import hashlib
 import uuid
 from typing import Any
 
@@ -143,3 +144,39 @@ class ForgetRequest(IdMixin, Base):
     counts: Mapped[dict[str, Any]] = mapped_column(JsonType, default=dict)
     dataset_version_ids: Mapped[list[str]] = mapped_column(JsonType, default=list)
     model_version_ids: Mapped[list[str]] = mapped_column(JsonType, default=list)
+
+
+class PurgedFeedback(IdMixin, Base):
+    """What retention keeps of a raw event it deleted: who it came from (its rater, or the
+    source record of its interaction, and each record above it: one row per `:`-prefix), as
+    `subject_sha256` hashes (never the ids themselves), and which conversation (group key) it
+    was about, so that forgetting that subject still finds the signal compiled from it."""
+
+    __tablename__ = "purged_feedback"
+    __table_args__ = (
+        UniqueConstraint(
+            "domain_id",
+            "subject_kind",
+            "subject_sha256",
+            "record_sha256",
+            "group_key",
+            name="uq_purged_feedback_trace",
+        ),
+        CheckConstraint("subject_kind IN ('rater', 'source_record')", name="subject_kind"),
+        Index(None, "tenant_id", "subject_kind", "subject_sha256"),
+    )
+
+    tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    subject_kind: Mapped[str] = mapped_column(String(16))
+    subject_sha256: Mapped[str] = mapped_column(String(64))
+    # The whole subject's hash (a source record's rows for its prefixes share it): forgetting
+    # any of them takes every row of that record.
+    record_sha256: Mapped[str] = mapped_column(String(64))
+    group_key: Mapped[str] = mapped_column(String(255))
+
+
+def subject_sha256(tenant_id: uuid.UUID, kind: str, subject: str) -> str:
+    """How a forget request or a purged event names a subject (a rater, a source record):
+    hashed, so the id itself is not kept; hash the id the same way to find its rows."""
+    return hashlib.sha256(f"{tenant_id}:{kind}:{subject}".encode()).hexdigest()

@@ -11,10 +11,12 @@ Routes (base URL `http://HOST:PORT/v1`):
 - `GET /v1/models`: the base model and the loaded adapters, vLLM's model cards.
 - `POST /v1/chat/completions`: `model` must be the base or a loaded adapter (else vLLM's 404);
   the answer is `reply from <model> to: <last user text>` (after a `tool` message: `reply from
-  <model> to tool result: <its text>`), cut to `max_completion_tokens`/`max_tokens` words
-  (finish_reason "length"). Tokens are counted as whitespace-separated words. Streamed: a role
-  chunk, the content in `chunks` pieces, a chunk with finish_reason, the usage chunk (choices
-  []) when `stream_options.include_usage`, then `data: [DONE]`.
+  <model> to tool result: <its text>`), cut before the first of the `stop` strings in it
+  (finish_reason "stop", as a model server stops there), then to
+  `max_completion_tokens`/`max_tokens` words (finish_reason "length"). Tokens are counted as
+  whitespace-separated words. Streamed: a role chunk, the content in `chunks` pieces, a chunk
+  with finish_reason, the usage chunk (choices []) when `stream_options.include_usage`, then
+  `data: [DONE]`.
 - Tool calls: when the request has `tools` and the last message is a user message whose text
   contains `call <function name>` of one of them, the answer is that call (content null,
   finish_reason "tool_calls"); its arguments give each parameter property a sample value (a

@@ -64,11 +64,26 @@ def compose_reply(request: dict[str, Any], model: str) -> Reply:
                 len(call["function"]["arguments"].split()),
             )
         content = f"reply from {model} to: {user_text}"
+    content = cut_at_stop(content, request.get("stop"))
     words = content.split(" ")
     limit = request.get("max_completion_tokens") or request.get("max_tokens")
     if isinstance(limit, int) and 0 < limit < len(words):
         return Reply(" ".join(words[:limit]), None, "length", prompt_tokens, limit)
-    return Reply(content, None, "stop", prompt_tokens, len(words))
+    return Reply(content, None, "stop", prompt_tokens, len(content.split()))
+
+
+def cut_at_stop(content: str, stop: Any) -> str:
+    """`content` up to (not including) the earliest of the `stop` strings in it, as a model
+    server stops generating there; all of it when none occurs.
+
+    >>> cut_at_stop("reply from m to: a. b.", [".", "zz"])
+    'reply from m to: a'
+    >>> cut_at_stop("reply from m to: a", "\\n")
+    'reply from m to: a'
+    """
+    stops = [stop] if isinstance(stop, str) else stop if isinstance(stop, list) else []
+    found = [content.find(s) for s in stops if isinstance(s, str) and s and s in content]
+    return content[: min(found)] if found else content
 
 
 def text_of(message: dict[str, Any]) -> str:

@@ -49,12 +49,21 @@ from flywheel.redaction.credentials import find_secrets
 from flywheel.redaction.ids import find_ids
 from flywheel.redaction.keys import redaction_key
 from flywheel.redaction.names import find_names
-from flywheel.redaction.people import find_people
+from flywheel.redaction.people import find_people, first_name_words
 from flywheel.redaction.pii import find_pii
 from flywheel.redaction.spans import KINDS, Span, lower_keeping_offsets, resolve
 from flywheel.redaction.surrogates import Surrogates
 
-__all__ = ["KINDS", "Redaction", "Span", "Surrogates", "apply", "find_spans", "redact"]
+__all__ = [
+    "KINDS",
+    "Redaction",
+    "Span",
+    "Surrogates",
+    "apply",
+    "find_spans",
+    "redact",
+    "warm",
+]
 
 
 @dataclass(frozen=True)
@@ -134,3 +143,9 @@ def find_spans(text: str, *, names: Sequence[str] = (), people: bool = True) -> 
     if names:
         found += find_names(text, lowered, tuple(names))
     return resolve(found)
+
+
+def warm() -> None:
+    """Load what redaction reads on first use (faker's name lists, about 0.4 s), e.g. in a
+    thread while a query runs, so that the first text redacted does not wait for it."""
+    first_name_words()

@@ -63,6 +63,11 @@ _FRENCH = re.compile(
     r"[ \t]+(?:(?:de|du|des|la|le|l'|d')[ \t]*)*"
     rf"{_CAP}(?:[ \t]+{_CAP}){{0,2}}"
 )
+# Every `_SOUTHERN` match starts with one of these: `in` tests before the pattern.
+_SOUTHERN_STARTS = (
+    *("Calle", "C/", "Av", "Plaza", "Paseo", "Carrer", "Rua", "Via", "Piazza", "Corso"),
+    "Largo",
+)
 _SOUTHERN = re.compile(
     r"(?:Calle|C/|Avenida|Av\.|Plaza|Paseo|Carrer|Rua|Via|Viale|Piazza|Corso|Largo)[ \t]+"
     r"(?:(?:de|del|la|los|las|dos|das|da|do|della|di)[ \t]+)*"
@@ -80,7 +85,8 @@ def find_addresses(text: str, lowered: str) -> list[Span]:
         found += _matches(_PO_BOX, lowered, "")
     if _GERMAN_HINT.search(lowered) is not None:
         found += _matches(_GERMAN, text, "")
-    found += _matches(_SOUTHERN, text, "")
+    if any(start in text for start in _SOUTHERN_STARTS):
+        found += _matches(_SOUTHERN, text, "")
     return found
 
 

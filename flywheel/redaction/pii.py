@@ -81,10 +81,13 @@ _IBAN_BEFORE_RUN = 12
 _IBAN_MAX = 42  # 34 characters and 8 spaces
 _IBAN_START = re.compile(r"[A-Za-z][A-Za-z][0-9][0-9]")  # cheap test before the full pattern
 
-# What a run must hold before each pattern is worth trying: (pattern, kind, digits, character).
-# A date (`2024-03-15`, 8 digits) only wakes the phone pattern, over ten characters.
+# What a run must hold before each pattern is worth trying: (pattern, kind, digits, one of
+# these characters). A date (`2024-03-15`, 8 digits) only wakes the phone pattern, over ten
+# characters. Every phone alternative has a `+` or a separator among its digits, inside the
+# run (the lookahead margin past it is too short for one): a bare digit run (an order number)
+# is no phone.
 _IN_RUNS = (
-    (_PHONE, "PHONE", 8, ""),
+    (_PHONE, "PHONE", 8, "+ .-"),
     (_CARD, "CARD", 13, ""),
     (_SSN, "SSN", 9, "-"),
     (_IPV4, "IP", 4, "."),
@@ -112,7 +115,7 @@ def _in_run(text: str, run: re.Match[str]) -> list[Span]:
     start, end = run.span()
     digits = len(_NOT_DIGIT.sub("", run.group()))
     for pattern, kind, min_digits, needed in _IN_RUNS:
-        if digits < min_digits or needed not in run.group():
+        if digits < min_digits or (needed and not any(char in run.group() for char in needed)):
             continue
         for match in pattern.finditer(text, start, min(len(text), end + _LOOKAHEAD_MARGIN)):
             if _is_valid(kind, match, text):

@@ -124,7 +124,10 @@ class Surrogates:
         for attempt in range(1, 4):
             if surrogate.casefold() != value.casefold():
                 break
-            surrogate = make(self, f"{value}\x00{attempt}")
+            # A draw of its own: the makers key on parts of the value (a phone's digits), so
+            # a changed value would draw the same surrogate again; a changed scope does not.
+            again = Surrogates(self.key, f"{self.scope.decode()}\x00{attempt}")
+            surrogate = make(again, value)
         return surrogate
 
     def name_word(self, word: str) -> str:

@@ -124,6 +124,7 @@ def taint_models_trained_on(
                 .where(Run.dataset_version_id.in_(chunk))
             )
         )
+    found |= _sharing_adapters(session, found)
     now = utcnow()
     for chunk in chunked(sorted(found)):
         session.execute(
@@ -132,6 +133,37 @@ def taint_models_trained_on(
             .values(tainted_at=now, tainted_by_id=request_id)
         )
     return sorted(found)
+
+
+def _sharing_adapters(session: Session, version_ids: set[uuid.UUID]) -> set[uuid.UUID]:
+    """The versions registered from the same adapters as these: a suite's one adapter is a
+    version of each member domain (flywheel.suites), and data forgotten from one member taints
+    every one of them."""
+    adapters: set[str] = set()
+    for chunk in chunked(sorted(version_ids)):
+        adapters.update(
+            session.scalars(select(ModelVersion.adapter_uri).where(ModelVersion.id.in_(chunk)))
+        )
+    found: set[uuid.UUID] = set()
+    for uris in chunked(sorted(adapters)):
+        found.update(
+            session.scalars(select(ModelVersion.id).where(ModelVersion.adapter_uri.in_(uris)))
+        )
+    return found
+
+
+def refuse_versions(
+    *, session: Session, version_ids: list[uuid.UUID], reason: str, evidence: dict[str, Any]
+) -> None:
+    """Mark versions not promotable whatever their own gates said, `reason` added to theirs
+    and `evidence` kept under the gate result's `suite` key: a suite's adapter is refused for
+    every member when any member regresses (flywheel.suites), so `promote` refuses each."""
+    for version_id in version_ids:
+        row = session.get_one(ModelVersion, version_id)
+        reasons = [*row.gate_result.get("reasons", []), reason]
+        row.gate_result = {**row.gate_result, "is_promoted": False, "reasons": reasons,
+                           "suite": evidence}  # fmt: skip
+    session.flush()
 
 
 def current_champion(session: Session, domain_id: uuid.UUID) -> ModelVersion | None:

@@ -140,8 +140,10 @@ class WarmPool:
     can never be handed an unsandboxed one.
     """
 
-    def __init__(self, script: str) -> None:
+    def __init__(self, script: str, *arguments: str) -> None:
+        POOLS.append(self)
         self._script = script
+        self._arguments = arguments  # the script's, after "sandboxed" (candidate.py: preloads)
         self._idle: list[WarmSandbox] = []
         self._lent = 0
         self._ending: set[WarmSandbox] = set()  # lent, their job's verdict given, ending
@@ -149,7 +151,7 @@ class WarmPool:
 
     def borrow(self) -> WarmSandbox:
         if is_unsafe_local():
-            return _STARTER.submit(WarmSandbox, self._script, "unsafe").result()
+            return _STARTER.submit(WarmSandbox, self._script, "unsafe", *self._arguments).result()
         while True:
             with self._returned:
                 # A sandbox whose job is ending is back in milliseconds; a new one takes ~100.
@@ -164,7 +166,8 @@ class WarmPool:
 
     def _start(self) -> WarmSandbox:
         try:
-            return _STARTER.submit(WarmSandbox, self._script, "sandboxed").result()
+            started = _STARTER.submit(WarmSandbox, self._script, "sandboxed", *self._arguments)
+            return started.result()
         except BaseException:
             with self._returned:
                 self._lent -= 1
@@ -206,12 +209,19 @@ class WarmPool:
                 warm.close()
 
 
+POOLS: list[WarmPool] = []
+"""Every pool made (these two, and the environments' zygotes of flywheel.sandbox.episode)."""
 RUNNERS = WarmPool("runner.py")
 ZYGOTES = WarmPool("candidate.py")
 
 
+def close_pools() -> None:
+    """Close every pool's idle warm sandboxes, once the jobs still ending in them have ended."""
+    for pool in POOLS:
+        pool.close()
+
+
 @atexit.register
 def _close_pools() -> None:
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
     remove_parents()

@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 from typing import Literal
 
@@ -47,7 +48,7 @@ class CycleSettings(BaseModel):
     @field_validator("schedule")
     @classmethod
     def _cron(cls, schedule: str | None) -> str | None:
-        if schedule is not None and not croniter.is_valid(schedule):
+        if schedule is not None and not _is_cron(schedule):
             raise ValueError(f"not a cron expression: {schedule!r}")
         return schedule
 
@@ -58,6 +59,12 @@ class CycleSettings(BaseModel):
             raise InvalidInput(f"the domain's cycle recipe: {error}") from error
         recipe.check()
         return recipe
+
+
+@functools.lru_cache(maxsize=1024)
+def _is_cron(schedule: str) -> bool:
+    """croniter's check, once per distinct schedule (a tick reads every domain's config)."""
+    return bool(croniter.is_valid(schedule))
 
 
 def cycle_settings(domain: Domain) -> CycleSettings:

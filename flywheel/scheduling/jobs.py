@@ -5,7 +5,9 @@ Queues: `gpu` carries cycles (training), `cpu` the scheduler's housekeeping. Tas
 - `flywheel.cycle(run_id)` (gpu): carries out one queued cycle run with `run_cycle`. Its job
   has `lock=domain:<id>`, so two cycles of a domain never run at once, whichever workers
   hold them (a second one waits for the first), and `queueing_lock=cycle:<id>`, so at most
-  one waits.
+  one waits. Its priority is its rank among its tenant's waiting and running cycles, so
+  tenants take turns on the GPUs (`flywheel.scheduling.fairness`): re-ranked whenever cycles
+  are queued.
 - `flywheel.tick` (cpu, periodic, `scheduler_tick_cron`): decides each domain's schedule
   period once (`flywheel.scheduling.schedule`).
 - `flywheel.retry_stalled_jobs` (cpu, periodic, `stalled_retry_cron`): the jobs of workers
@@ -16,6 +18,9 @@ Queues: `gpu` carries cycles (training), `cpu` the scheduler's housekeeping. Tas
   looks alive waits until the run has been silent for `cycle_stale_after_s`. If the run beats
   again meanwhile, its process is alive after all, and the job leaves the run to it.
 - `flywheel.prune_jobs` (cpu, daily): finished housekeeping jobs older than a week go.
+- `flywheel.retention` (cpu, daily): raw feedback events and interactions past their
+  retention (`retention_raw_event_weeks`, a domain's `retention.raw_event_weeks`) go
+  (`flywheel.feedback.retention`); nothing goes when neither is set.
 - `flywheel.deliver_webhooks` (cpu, every minute): the champion moves' webhooks that are due
   (`flywheel.registry.webhooks`: retries, and the moves of cycles run on workers).
 - `flywheel.watch` (cpu, every 15 minutes): the live watch of each domain with a `release`
@@ -46,10 +51,11 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import make_engine, make_session_factory, unit_of_work, utcnow
 from flywheel.errors import Conflict, FlywheelError, InvalidState
+from flywheel.feedback import retention
 from flywheel.registry import canary, webhooks
 from flywheel.registry.mlflow_registry import MlflowRegistry
 from flywheel.registry.models import Run
-from flywheel.scheduling import schedule
+from flywheel.scheduling import fairness, schedule
 from flywheel.scheduling.cycle import CycleRequest, run_cycle
 from flywheel.scheduling.runs import last_beat, queue_cycle, request_cancel
 from flywheel.settings import Settings
@@ -65,6 +71,7 @@ RETRY_TASK = "flywheel.retry_stalled_jobs"
 PRUNE_TASK = "flywheel.prune_jobs"
 WEBHOOKS_TASK = "flywheel.deliver_webhooks"
 WATCH_TASK = "flywheel.watch"
+RETENTION_TASK = "flywheel.retention"
 WEBHOOKS_BUDGET_S = 45.0  # within its minute: the next run does not queue behind it
 KEEP_FINISHED_JOBS_H = 7 * 24
 SILENCE_MARGIN_S = 0.1  # past the stale threshold, so that `claim_run` finds the run stale
@@ -126,6 +133,8 @@ def make_job_app(
         with unit_of_work(factory) as session:
             at = datetime.fromtimestamp(timestamp, UTC)
             decisions = schedule.tick(session, at=at, defer=defer_cycle_job)
+            if any(decision.decision == "queued" for decision in decisions):
+                share_gpu(session)
         return [decision.as_json() for decision in decisions]
 
     @app.periodic(cron=settings.stalled_retry_cron, periodic_id="stalled")
@@ -137,6 +146,13 @@ def make_job_app(
     @app.task(name=PRUNE_TASK, queue=CPU, queueing_lock=PRUNE_TASK)
     async def prune_jobs(timestamp: int) -> None:
         await app.job_manager.delete_old_jobs(nb_hours=KEEP_FINISHED_JOBS_H, queue=CPU)
+
+    @app.periodic(cron="43 3 * * *", periodic_id="retention")
+    @app.task(name=RETENTION_TASK, queue=CPU, queueing_lock=RETENTION_TASK)
+    def purge_raw_events(timestamp: int) -> dict[str, Any]:
+        return retention.purge_raw_events(
+            factory, weeks=settings.retention_raw_event_weeks, now=utcnow()
+        ).as_json()
 
     @app.periodic(cron="* * * * *", periodic_id="webhooks")
     @app.task(name=WEBHOOKS_TASK, queue=CPU, queueing_lock=WEBHOOKS_TASK)
@@ -195,7 +211,13 @@ def queue_and_defer(session: Session, *, tenant_id: uuid.UUID, domain: str, trig
     run = queue_cycle(session, tenant_id=tenant_id, domain=domain, trigger=trigger)
     run.job_id = defer_cycle_job(session, run)
     session.flush()
+    share_gpu(session)
     return run
+
+
+def share_gpu(session: Session) -> int:
+    """Re-rank the waiting cycle jobs round-robin by tenant (`flywheel.scheduling.fairness`)."""
+    return fairness.share_gpu(session, queue=GPU, task=CYCLE_TASK)
 
 
 def defer_cycle_job(session: Session, run: Run) -> int:

@@ -74,10 +74,21 @@ class TaskCandidate:
     reference_solution: str | None
     hidden_tests: str | None
     visible_tests: str | None = None
-    task_kind: str = "code"  # "code" | "answer"
+    task_kind: str = "code"  # "code" | "answer" | "tool_call" | "environment"
     answer: str | None = None
     language: str = "python"
     weight: float = 1.0
+    # The prompt as chat messages when it is more than one user turn (None: `prompt` is it).
+    messages: Messages | None = None
+    # OpenAI function tools offered to the model: {"type": "function", "function": {...}}.
+    tools: list[dict[str, Any]] | None = None
+    # tool_call: the calls to make, order-free, each argument with its acceptable values
+    # ("" among them: it may be left out), as BFCL's possible answers are written:
+    # [{"name": "area", "arguments": {"base": [10], "unit": ["cm", ""]}}].
+    expected_calls: list[dict[str, Any]] | None = None
+    # environment: {"source", "classes": {name: initial config}, "turns", "ground_truth",
+    # "max_steps"}; see flywheel.sandbox.environment.
+    environment: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -27,6 +27,7 @@ from flywheel.db import Base, IdMixin, JsonType
 
 SOURCE_KINDS = ("feedback", "ticket", "repository", "task_file", "api")
 VERIFIER_STATUSES = ("pending", "usable", "unusable")
+TASK_KINDS = ("code", "answer", "tool_call", "environment")
 INGEST_RUN_STATUSES = ("running", "succeeded", "failed")
 
 
@@ -119,7 +120,8 @@ class LabeledCompletion(ProvenanceMixin, Base):
 
 
 class VerifiableTask(ProvenanceMixin, Base):
-    """A task whose answers can be checked: code against tests, or a question against an answer.
+    """A task whose answers can be checked: code against tests, a question against an answer,
+    tool calls against the expected calls, or an episode against an environment's final state.
 
     Hidden tests and the reference solution never appear in a prompt.
     """
@@ -127,7 +129,7 @@ class VerifiableTask(ProvenanceMixin, Base):
     __tablename__ = "verifiable_tasks"
     __extra_table_args__ = (
         CheckConstraint(_in("verifier_status", VERIFIER_STATUSES), name="verifier_status"),
-        CheckConstraint(_in("task_kind", ("code", "answer")), name="task_kind"),
+        CheckConstraint(_in("task_kind", TASK_KINDS), name="task_kind"),
     )
 
     task_kind: Mapped[str] = mapped_column(String(16), default="code")
@@ -138,6 +140,20 @@ class VerifiableTask(ProvenanceMixin, Base):
     hidden_tests: Mapped[str | None] = mapped_column(Text)
     reference_solution: Mapped[str | None] = mapped_column(Text)
     answer: Mapped[str | None] = mapped_column(Text)
+    messages: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JsonType, doc="The prompt as chat messages, when it is more than one user turn."
+    )
+    tools: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JsonType, doc="OpenAI function tools offered to the model (tool_call, environment)."
+    )
+    expected_calls: Mapped[list[dict[str, Any]] | None] = mapped_column(
+        JsonType,
+        doc="tool_call: the call set to make, order-free; each argument's acceptable values.",
+    )
+    environment: Mapped[dict[str, Any] | None] = mapped_column(
+        JsonType,
+        doc="environment: source, classes with their initial state, turns, ground-truth calls.",
+    )
     verifier_status: Mapped[str] = mapped_column(String(16), default="pending")
     verifier_reason: Mapped[str | None] = mapped_column(Text)
     difficulty: Mapped[float | None] = mapped_column(Float, doc="A model's pass rate, 0..1.")

@@ -221,6 +221,22 @@ class _Redactor:
     def optional(self, value: str | None) -> str | None:
         return None if value is None else self.text(value)
 
+    def strings(self, value: Any, *, keys: bool = False) -> Any:
+        """`value` (JSON) with every string in it redacted, and with `keys` its mappings'
+        keys too (an environment's state keyed by a customer's name)."""
+        if isinstance(value, str):
+            return self.text(value)
+        if isinstance(value, list):
+            return [self.strings(item, keys=keys) for item in value]
+        if isinstance(value, dict):
+            return {
+                (self.text(key) if keys and isinstance(key, str) else key): self.strings(
+                    item, keys=keys
+                )
+                for key, item in value.items()
+            }
+        return value
+
     def messages(self, messages: Messages) -> Messages:
         # Every text: contents, text parts, names, tool call arguments' strings, tool results.
         return [map_texts(message, self.text) for message in messages]
@@ -294,6 +310,15 @@ def _redacted_fields(candidate: Candidate, redactor: _Redactor) -> tuple[str, di
 
 
 def _task_fields(candidate: TaskCandidate, redactor: _Redactor) -> dict[str, Any]:
+    # A value the prompt names (an email to send to, a person to look up) is in the expected
+    # calls and the environment's state too: each string is redacted with the record's
+    # surrogates, so the task stays solvable. The environment's source code is code.
+    environment = candidate.environment
+    if environment is not None:
+        environment = {
+            key: value if key == "source" else redactor.strings(value, keys=key == "classes")
+            for key, value in environment.items()
+        }
     fields = {
         "task_kind": candidate.task_kind,
         "language": candidate.language,
@@ -303,12 +328,22 @@ def _task_fields(candidate: TaskCandidate, redactor: _Redactor) -> dict[str, Any
         "hidden_tests": redactor.optional(candidate.hidden_tests),
         "reference_solution": redactor.optional(candidate.reference_solution),
         "answer": redactor.optional(candidate.answer),
+        "messages": None if candidate.messages is None else redactor.messages(candidate.messages),
+        "tools": candidate.tools,
+        "expected_calls": redactor.strings(candidate.expected_calls),
+        "environment": environment,
         "verifier_status": "pending",
         "verifier_reason": None,
         "difficulty": None,
     }
+    checked = [fields[name] for name in ("messages", "tools", "expected_calls", "environment")]
     return fields | _hash(
-        "task", fields["prompt"], fields["hidden_tests"] or "", fields["answer"] or ""
+        "task",
+        fields["prompt"],
+        fields["hidden_tests"] or "",
+        fields["answer"] or "",
+        # Code and answer tasks hash as before (their hashes are stored).
+        *([checked] if any(part is not None for part in checked) else []),
     )
 
 

@@ -22,7 +22,9 @@ from flywheel.sandbox import run_tests
 from flywheel.sandbox.qa import check_task, load_task_file
 from flywheel.scheduling.config import cycle_settings
 from flywheel.signals.candidates import PairCandidate, SftCandidate, TaskCandidate
+from flywheel.signals.verification import ToolCallSpec, check_tool_call_task
 from flywheel.tenancy.models import Domain
+from ingest.bfcl import BfclIngestor
 from ingest.feedback_file import FeedbackFileIngestor
 from ingest.framework import Ingestor, Rejected
 from ingest.repo.ingestor import RepositoryIngestor
@@ -116,6 +118,18 @@ def check_repository(path: Path) -> None:
     assert {"vat_amount", "apply_discount", "split_evenly", "format_cents"} <= names, names
 
 
+def check_bfcl(path: Path) -> None:
+    """Three BFCL entries with their answers (found beside them), each a tool-call task that
+    passes verifier QA."""
+    tasks = _candidates(BfclIngestor(path / "BFCL_v4_simple_python.json"))
+    assert len(tasks) == 3
+    for task in tasks:
+        assert isinstance(task, TaskCandidate)
+        assert task.task_kind == "tool_call"
+        qa = check_tool_call_task(ToolCallSpec("t", task.expected_calls, task.tools))
+        assert qa.status == "usable", qa
+
+
 CHECKS: dict[str, Callable[[Path], None]] = {
     **{f"{method}.yaml": check_training_config for method in TRAINING_CONFIGS},
     "billing.yaml": check_domain_config,
@@ -127,6 +141,7 @@ CHECKS: dict[str, Callable[[Path], None]] = {
     "tests.py": check_solution_and_tests,
     "notes.txt": check_notes,
     "myproject": check_repository,
+    "bfcl": check_bfcl,
 }
 
 

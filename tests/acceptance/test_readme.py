@@ -33,6 +33,9 @@ EXCLUDED = {
     "and run until stopped: tests/integration cover workers, trigger and cancel",
     "Production setup": "a PostgreSQL server, an MLflow server and long-running API and worker "
     "processes: tests/integration and tests/api cover them",
+    "Suites: several domains, one adapter": "needs two domains with train and eval signal of "
+    "their own (the walk-through has one) and trains: tests/finetune/test_suites.py runs "
+    "create, train and show through the CLI on two domains",
 }
 
 # Lines of run blocks replaced by a no-op, with why.

@@ -9,7 +9,7 @@ import pytest
 
 from flywheel.sandbox import Limits, budget, run_tests
 from flywheel.sandbox.rewards import CodeReward
-from flywheel.sandbox.warm import RUNNERS, ZYGOTES
+from flywheel.sandbox.warm import close_pools
 from tests.adversarial.host import PeakRss
 
 TESTS = "from solution import add\n\ndef test_add():\n    assert add(2, 3) == 5\n"
@@ -43,25 +43,17 @@ def add(a, b):
 @pytest.fixture
 def without_cgroups(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """Sandboxes started as on a host that gives no cgroups."""
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
     monkeypatch.setattr(budget, "make_budget", lambda: None)
     monkeypatch.setattr("flywheel.sandbox.warm.make_budget", lambda: None)
     yield
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
 
 
 def test_this_host_gives_each_sandbox_a_cgroup() -> None:
     """The machines here have v1 memory and pids controllers: the tests below measure the
     cgroup path, not the fallback (which has its own test)."""
     assert budget.describe().startswith("cgroup v"), budget.describe()
-
-
-def close_pools() -> None:
-    """Close the warm sandboxes, once the jobs still ending in them have ended."""
-    RUNNERS.close()
-    ZYGOTES.close()
 
 
 def test_a_process_fan_out_is_held_to_one_budget() -> None:
@@ -127,8 +119,7 @@ def test_sandbox_cgroups_are_removed_with_their_sandboxes() -> None:
     assert layout is not None
     assert list(layout.memory.glob("sandbox-*"))
 
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
 
     assert list(layout.memory.glob("sandbox-*")) == []
     assert list(layout.pids.glob("sandbox-*")) == []

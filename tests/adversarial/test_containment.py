@@ -11,7 +11,7 @@ import pytest
 
 from flywheel.sandbox import Verdict
 from flywheel.sandbox.process import reap_orphans
-from flywheel.sandbox.warm import RUNNERS, ZYGOTES
+from flywheel.sandbox.warm import close_pools
 from tests.adversarial.host import sandbox_processes
 
 Run = Callable[..., Verdict]
@@ -20,8 +20,7 @@ Run = Callable[..., Verdict]
 @pytest.fixture(autouse=True)
 def nothing_lingers() -> object:
     yield
-    RUNNERS.close()  # warm sandboxes too must shut down cleanly
-    ZYGOTES.close()
+    close_pools()  # warm sandboxes too must shut down cleanly
     deadline = time.monotonic() + 3
     while sandbox_processes() and time.monotonic() < deadline:
         reap_orphans()  # sandbox inits still dying are reaped on a later call

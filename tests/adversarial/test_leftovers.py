@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from flywheel.sandbox import run_tests
-from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmSandbox
+from flywheel.sandbox.warm import ZYGOTES, WarmSandbox, close_pools
 from tests.adversarial.host import SANDBOX_UID_MIN
 
 TESTS = "from solution import add\n\ndef test_add():\n    assert add(2, 3) == 5, add(2, 3)\n"
@@ -84,8 +84,7 @@ def idle_zygotes() -> list[WarmSandbox]:
 
 
 def test_a_poisoner_leaves_nothing_for_the_next_candidates() -> None:
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
 
     assert run_tests(POISONER, TESTS, entry_point="add").is_passed
     zygote = idle_zygotes()
@@ -99,8 +98,7 @@ def test_a_poisoner_leaves_nothing_for_the_next_candidates() -> None:
 
 def test_a_poisoners_memory_is_freed_with_its_job() -> None:
     """1 MiB in each of /dev/shm, /work and /tmp: an idle sandbox gives it all back."""
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
     assert run_tests("def add(a, b):\n    return a + b\n", TESTS, entry_point="add").is_passed
     (zygote,) = idle_zygotes()
     assert zygote.budget is not None

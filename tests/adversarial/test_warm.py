@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 
 from flywheel.sandbox import Limits, run_tests
-from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmPool
+from flywheel.sandbox.warm import RUNNERS, ZYGOTES, WarmPool, close_pools
 
 SOLUTION = "def add(a, b):\n    return a + b\n"
 TESTS = "from solution import add\n\ndef test_add():\n    assert add(2, 2) == 4\n"
@@ -19,8 +19,7 @@ def idle(pool: WarmPool) -> list[object]:
 
 def test_sandboxes_outlive_the_thread_that_started_them() -> None:
     """bwrap --die-with-parent follows the starting *thread*; ours must not die with it."""
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
     verdicts = []
     worker = threading.Thread(
         target=lambda: verdicts.append(run_tests(SOLUTION, TESTS, entry_point="add"))
@@ -39,8 +38,7 @@ def test_sandboxes_outlive_the_thread_that_started_them() -> None:
 def test_jobs_one_after_another_reuse_the_same_two_sandboxes() -> None:
     """The child a sandbox makes ready for its next job is never counted as a job's leftover,
     so a healthy sandbox goes back to the pool after every job."""
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
     assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
     first = idle(ZYGOTES) + idle(RUNNERS)
     for _ in range(10):
@@ -61,8 +59,7 @@ def test_honest_candidates_pass_right_after_a_fork_bomb() -> None:
 
 
 def test_a_timed_out_job_discards_its_sandboxes() -> None:
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
     assert run_tests(SOLUTION, TESTS, entry_point="add").is_passed
     before = idle(ZYGOTES) + idle(RUNNERS)
 
@@ -90,8 +87,7 @@ def test_state_does_not_leak_between_candidates_of_one_zygote() -> None:
         "    others = [p for p in os.listdir('/proc') if p.isdigit() and int(p) != os.getpid()]\n"
         "    return a + b if not seen and not others else repr((seen, others))\n"
     )
-    RUNNERS.close()
-    ZYGOTES.close()
+    close_pools()
 
     assert run_tests(writer, TESTS, entry_point="add").is_passed
     verdict = run_tests(reader, TESTS, entry_point="add")

@@ -24,6 +24,7 @@ import pytest
 import uvicorn
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
+from pydantic import SecretStr
 from sqlalchemy import select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import Session, sessionmaker
@@ -609,3 +610,23 @@ def test_a_key_past_its_rate_limit_gets_429_with_retry_after(
         assert int(raised.value.response.headers["retry-after"]) >= 1
         assert error_of(raised.value)["type"] == "rate_limit_error"
         assert len(gw.chats()) == 2
+
+
+def test_an_unreachable_shared_store_is_a_503_in_openai_shape_not_a_500(
+    standin: RunningStandin,
+    committing_engine: Engine,
+    session_settings: Settings,
+    caller: Caller,
+    tmp_path: Path,
+) -> None:
+    """FLYWHEEL_REDIS_URL set but nothing listening there: the gateway says it is unavailable,
+    as the REST API does, and asks nothing of the upstream."""
+    closed = {"redis_url": SecretStr("redis://127.0.0.1:1/0")}
+    with serve_gateway(standin, committing_engine, session_settings, tmp_path, **closed) as gw:
+        client = gw.client(caller.key).with_options(max_retries=0)
+        with pytest.raises(openai.InternalServerError) as raised:
+            client.chat.completions.create(model="billing", messages=ask("x"))
+        assert raised.value.status_code == 503
+        assert int(raised.value.response.headers["retry-after"]) >= 1
+        assert error_of(raised.value)["code"] == "shared_store_unavailable"
+        assert gw.chats() == []

@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 import uuid
 
+import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
@@ -14,6 +15,7 @@ from flywheel.db import unit_of_work
 from flywheel.models import Domain, VerifiableTask
 from flywheel.signals.candidates import PairCandidate, Provenance
 from flywheel.signals.store import store_candidates
+from flywheel.signals.verification import check_spec, task_spec
 from tests.conftest import Caller, count_rows, make_caller
 
 TASK = {
@@ -162,3 +164,146 @@ def test_a_domain_query_with_a_nul_byte_is_refused_not_a_500(
         response = client.get(path, params={"domain": "bil\x00ling"}, headers=acme.headers)
         assert response.status_code == 422, (path, response.text)
         assert response.json()["error"]["code"]
+
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "unit": {"type": "string"}},
+            "required": ["city"],
+        },
+    },
+}
+TOOL_TASK = {
+    "domain": "billing",
+    "kind": "tool_call",
+    "task_id": "weather-1",
+    "prompt": "What is the weather in Paris?",
+    "tools": [WEATHER],
+    "expected_calls": [{"name": "get_weather", "arguments": {"city": ["Paris"], "unit": [""]}}],
+}
+COUNTER = """
+class Counter:
+    def __init__(self):
+        self.count = 0
+
+    def add(self, amount: int) -> int:
+        self.count += amount
+        return self.count
+"""
+ADD = {
+    "type": "function",
+    "function": {
+        "name": "add",
+        "parameters": {"type": "object", "properties": {"amount": {"type": "integer"}}},
+    },
+}
+ENVIRONMENT_TASK = {
+    "domain": "billing",
+    "kind": "environment",
+    "task_id": "counter-1",
+    "prompt": "Add 3 to the counter.",
+    "tools": [ADD],
+    "environment": {
+        "source": COUNTER,
+        "classes": {"Counter": {}},
+        "ground_truth": [[{"name": "add", "arguments": {"amount": 3}}]],
+    },
+}
+
+
+def test_a_tool_call_task_is_posted_read_without_its_answer_and_passes_qa(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    response = client.post("/v1/tasks", json=TOOL_TASK, headers=acme.headers)
+
+    assert response.status_code == 201, response.text
+    body = response.json()
+    assert (body["kind"], body["tools"]) == ("tool_call", [WEATHER])
+    assert "expected_calls" not in body
+    listed = client.get("/v1/tasks", params={"domain": "billing"}, headers=acme.headers)
+    assert [task["id"] for task in listed.json()["items"]] == [body["id"]]
+    assert 'Paris"]' not in listed.text  # the expected arguments never leave
+    with sessions() as session:
+        row = session.scalars(select(VerifiableTask)).one()
+        result = check_spec(task_spec(row))
+    assert row.expected_calls == TOOL_TASK["expected_calls"]
+    assert row.tools == [WEATHER]
+    assert result.status == "usable", result.reason
+
+
+def test_an_environment_task_is_posted_and_read_without_its_environment(
+    client: TestClient, acme: Caller, sessions: sessionmaker[Session]
+) -> None:
+    response = client.post("/v1/tasks", json=ENVIRONMENT_TASK, headers=acme.headers)
+
+    assert response.status_code == 201, response.text
+    assert "environment" not in response.json()
+    assert "ground_truth" not in response.text
+    with sessions() as session:
+        row = session.scalars(select(VerifiableTask)).one()
+    assert row.task_kind == "environment"
+    assert row.environment is not None
+    assert row.environment["ground_truth"] == ENVIRONMENT_TASK["environment"]["ground_truth"]
+
+
+@pytest.mark.parametrize(
+    ("change", "says"),
+    [
+        ({"expected_calls": None}, "expected_calls"),
+        ({"tools": None}, "tools"),
+        ({"expected_calls": [{"name": "get_time", "arguments": {}}]}, "get_time"),
+        ({"expected_calls": [{"name": "get_weather", "arguments": {"city": "Paris"}}]}, "city"),
+        ({"kind": "code", "entry_point": "f", "hidden_tests": "assert True"}, "expected_calls"),
+        ({"environment": ENVIRONMENT_TASK["environment"]}, "environment"),
+    ],
+)
+def test_a_tool_call_task_that_cannot_be_checked_is_a_422(
+    client: TestClient,
+    acme: Caller,
+    sessions: sessionmaker[Session],
+    change: dict[str, object],
+    says: str,
+) -> None:
+    payload = {key: value for key, value in {**TOOL_TASK, **change}.items() if value is not None}
+
+    response = client.post("/v1/tasks", json=payload, headers=acme.headers)
+
+    assert response.status_code == 422, response.text
+    assert says in response.json()["error"]["message"], response.text
+    assert count_rows(sessions, "verifiable_tasks") == 0
+
+
+@pytest.mark.parametrize(
+    ("environment", "says"),
+    [
+        (None, "needs 'environment'"),
+        ({"source": COUNTER, "classes": {"Counter": {}}}, "ground_truth"),
+        ({"source": 3, "classes": {}, "ground_truth": []}, "source"),
+        (
+            {"source": COUNTER, "classes": {"Counter": {}}, "ground_truth": [[]], "max_steps": 0},
+            "max_steps",
+        ),
+        ({"source": COUNTER, "classes": {}, "ground_truth": [[{"arguments": {}}]]}, "name"),
+    ],
+)
+def test_an_environment_task_that_cannot_be_run_is_a_422(
+    client: TestClient,
+    acme: Caller,
+    sessions: sessionmaker[Session],
+    environment: dict[str, object] | None,
+    says: str,
+) -> None:
+    payload = {**ENVIRONMENT_TASK, "environment": environment}
+    if environment is None:
+        del payload["environment"]
+
+    response = client.post("/v1/tasks", json=payload, headers=acme.headers)
+
+    assert response.status_code == 422, response.text
+    assert says in response.json()["error"]["message"], response.text
+    assert count_rows(sessions, "verifiable_tasks") == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -11,6 +12,7 @@ import pytest
 
 from finetune.rewards import (
     CANARY_TESTS,
+    GRPO_CANARY_KINDS,
     AnswerReward,
     CanaryMonitor,
     FormatReward,
@@ -463,4 +465,33 @@ def test_mix_canaries_adds_only_the_kinds_of_the_tasks() -> None:
         "answer"
     ] * 3
     with pytest.raises(ValueError, match="canary kinds"):
-        make_canaries(2, seed=1, kinds=("tool_call",))
+        make_canaries(2, seed=1, kinds=("environment",))
+
+
+def test_a_grpo_run_with_tool_call_tasks_mixes_tool_call_canaries_the_monitor_sees() -> None:
+    """GRPO mixed canaries of code and answer tasks only: a run of tool-call tasks had none,
+    so a policy gaming the call check went unseen."""
+    tool_rows = [{"task_id": f"t{i}", "task_kind": "tool_call"} for i in range(10)]
+    kinds = canary_kinds(tool_rows, GRPO_CANARY_KINDS)
+    assert kinds == ("tool_call",)
+    (canary,) = make_canaries(1, seed=3, kinds=kinds)
+    expected = json.loads(canary["expected_calls"])
+    token = expected[0]["arguments"]["confirmation_code"][0]
+    assert token not in json.dumps(canary["prompt"])
+    order = expected[0]["arguments"]["order_id"][0]
+    alarms: list[str] = []
+    monitor = CanaryMonitor(TaskReward(), on_alarm=alarms.append)
+
+    def call(code: str) -> str:
+        body = {
+            "name": "confirm_order",
+            "arguments": {"order_id": order, "confirmation_code": code},
+        }
+        return f"<tool_call>{json.dumps(body)}</tool_call>"
+
+    fields = {key: [canary[key]] * 2 for key in ("task_id", "task_kind", "tools", "expected_calls")}
+    scores = monitor([call("an honest guess"), call(token)], is_canary=[True, True], **fields)
+
+    assert scores == [0.0, 1.0]
+    assert len(alarms) == 1
+    assert canary["task_id"] in alarms[0]

@@ -427,3 +427,24 @@ def test_the_decision_waits_for_enough_ratings_on_both_sides() -> None:
     many = LiveRates("2", 300, 0.1, 300, None)
     assert decide(few, many, alpha=0.05, min_ratings=30).outcome == "keep"
     assert decide(many, few, alpha=0.05, min_ratings=30).outcome == "keep"
+
+
+def test_models_list_marks_a_retired_challenger(
+    capsys: pytest.CaptureFixture[str],
+    on_test_database: sessionmaker[Session],
+    acme: Caller,
+    canary: MlflowRegistry,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_MLFLOW_TRACKING_URI", canary.tracking_uri)
+    traffic(on_test_database, acme, {"2": (20, 30), "1": (40, 10)})
+    assert watched(on_test_database, canary, acme).release.action == "retired"
+
+    code, out, err = run_cli(capsys, "models", "list", "--domain", "billing", "--json")
+    assert code == 0, err
+    retired = {v["version"]: v["is_retired"] for v in json.loads(out)["versions"]}
+    assert retired == {"2": True, "1": False}
+    code, out, err = run_cli(capsys, "models", "list", "--domain", "billing")
+    assert code == 0, err
+    (line,) = [line for line in out.splitlines() if line.startswith("v2 ")]
+    assert line.endswith("RETIRED")

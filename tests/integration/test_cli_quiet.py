@@ -16,9 +16,21 @@ from sqlalchemy.orm import Session, sessionmaker
 from tests.conftest import Caller, run_cli
 
 ROOT = Path(__file__).resolve().parents[2]
+TYPEDKIT = ROOT / "tests" / "fixtures" / "repos" / "typedkit"
 # (pydantic is not among them: typer 0.29 checks parameters with it)
 HEAVY = ("torch", "transformers", "sqlalchemy", "alembic", "fastapi", "pydantic_settings")
 HEAVY += ("mlflow", "numpy", "peft", "trl", "datasets", "procrastinate", "psycopg")
+# What one command needs and the others should not pay for at start-up: the demo's HTTP client
+# and YAML, the sandbox (doctor, sandbox run), croniter (the schedule).
+ELSEWHERE = ("httpx", "yaml", "croniter", "flywheel.demo", "flywheel.sandbox")
+
+
+def loaded_of(names: tuple[str, ...]) -> str:
+    """Python that evaluates, in the child, to the sorted modules loaded of `names` (a name
+    stands for its package and every submodule)."""
+    return (
+        f"sorted(m for m in sys.modules if any(m == n or m.startswith(n + '.') for n in {names!r}))"
+    )
 
 
 @pytest.mark.parametrize(
@@ -37,8 +49,7 @@ def test_help_loads_none_of_the_heavy_libraries(tmp_path: Path, args: tuple[str,
         "import json, sys\n"
         "from flywheel.cli import main\n"
         f"code = main({list(args)!r})\n"
-        "print(json.dumps([code, sorted(m for m in sys.modules if m.split('.')[0] in"
-        f" {HEAVY!r})]))\n"
+        f"print(json.dumps([code, {loaded_of(HEAVY + ELSEWHERE)}]))\n"
     )
     done = subprocess.run(
         [sys.executable, "-c", script], capture_output=True, text=True, check=True, cwd=tmp_path
@@ -50,27 +61,30 @@ def test_help_loads_none_of_the_heavy_libraries(tmp_path: Path, args: tuple[str,
 
 
 @pytest.mark.no_database
-def test_a_light_command_on_a_migrated_workspace_loads_no_alembic(tmp_path: Path) -> None:
+def test_a_light_command_on_a_migrated_workspace_loads_only_what_it_needs(
+    tmp_path: Path,
+) -> None:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("FLYWHEEL_")}
     flywheel = [sys.executable, "-m", "flywheel"]
     for args in (["init"], ["tenants", "create", "acme"]):
         subprocess.run([*flywheel, *args], cwd=tmp_path, env=environment, check=True)
-    script = (
-        "import sys\n"
-        "from flywheel.cli import main\n"
-        "code = main(['domains', 'create', 'billing', '--tenant', 'acme'])\n"
-        "print(code, 'alembic' in sys.modules)\n"
-    )
-    done = subprocess.run(
-        [sys.executable, "-c", script],
-        cwd=tmp_path,
-        env=environment,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+    for args in (["domains", "create", "billing", "--tenant", "acme"], ["tenants", "list"]):
+        script = (
+            "import json, sys\n"
+            "from flywheel.cli import main\n"
+            f"code = main({args!r})\n"
+            f"print(json.dumps([code, {loaded_of(('alembic', *ELSEWHERE))}]))\n"
+        )
+        done = subprocess.run(
+            [sys.executable, "-c", script],
+            cwd=tmp_path,
+            env=environment,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
 
-    assert done.stdout.strip().splitlines()[-1] == "0 False"
+        assert json.loads(done.stdout.strip().splitlines()[-1]) == [0, []]
 
 
 @pytest.mark.no_database
@@ -179,7 +193,7 @@ def test_verify_says_when_ingest_already_verified_every_task(
     tasks.write_text(json.dumps(GOOD_TASK) + "\n" + json.dumps(weak) + "\n", encoding="utf-8")
     run_json(capsys, "ingest", "tasks", str(tasks), "--format", "humaneval", "--domain", "billing")
 
-    code, out, _ = run_cli(capsys, "verify", "--domain", "billing", "--tenant", "acme")
+    code, out, _ = run_cli(capsys, "verify", "--domain", "billing")  # the one tenant's
 
     assert code == 0
     assert out == (
@@ -190,11 +204,35 @@ def test_verify_says_when_ingest_already_verified_every_task(
     assert (rechecked["usable"], rechecked["unusable"]) == (1, 1)
 
 
+@pytest.mark.usefixtures("on_test_database", "acme", "globex")
+def test_verify_asks_which_tenant_only_when_there_are_several(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, err = run_cli(capsys, "verify", "--domain", "billing")
+
+    assert (code, out) == (2, "")
+    assert err == "error: 2 tenants exist: say which with --tenant\n"
+
+
+@pytest.mark.no_database
+def test_redact_help_describes_surrogates_not_placeholders(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, out, _ = run_cli(capsys, "redact", "--help")
+
+    words = " ".join(out.split())  # the help is wrapped to the terminal
+    assert code == 0
+    assert "PII and secrets replaced by realistic surrogates" in words
+    assert "placeholder" not in words
+
+
 @pytest.mark.parametrize(
     ("setting", "value", "fragment"),
     [
         ("FLYWHEEL_DB_POOL_SIZE", "0", "FLYWHEEL_DB_POOL_SIZE: Input should be greater than"),
         ("FLYWHEEL_DB_POOL_SIZE", "many", "FLYWHEEL_DB_POOL_SIZE: Input should be a valid int"),
+        # the defaults are not checked (no croniter at start-up); a value given still is
+        ("FLYWHEEL_SCHEDULER_TICK_CRON", "hourly", "FLYWHEEL_SCHEDULER_TICK_CRON: Value error"),
     ],
 )
 @pytest.mark.no_database
@@ -213,6 +251,35 @@ def test_a_bad_setting_is_one_line_and_exit_2(
     assert (code, out) == (2, "")
     assert err.startswith(f"error: bad setting {fragment}")
     assert err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    ("url", "fragment"),
+    [
+        ("bogus", "not a database URL"),
+        ("postgresql://me:hunter2@host:port/db", "not a database URL"),  # a port, not a number
+        ("mysql://me:hunter2@host/db", "no SQLAlchemy dialect or driver for it here"),  # no driver
+        ("nosuch://me:hunter2@host/db", "no SQLAlchemy dialect or driver for it here"),
+    ],
+)
+@pytest.mark.parametrize("command", [("tenants", "list"), ("init",)])
+@pytest.mark.no_database
+def test_a_database_url_it_cannot_use_is_one_line_and_exit_2(
+    workspace: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    url: str,
+    fragment: str,
+    command: tuple[str, ...],
+) -> None:
+    monkeypatch.setenv("FLYWHEEL_DATABASE_URL", url)
+
+    code, out, err = run_cli(capsys, *command)
+
+    assert (code, out) == (2, "")
+    assert err.startswith(f"error: bad setting FLYWHEEL_DATABASE_URL: {fragment}")
+    assert err.count("\n") == 1
+    assert "hunter2" not in err  # a URL may hold a password: never echoed
 
 
 def test_a_bad_config_file_is_one_line_and_exit_2(
@@ -286,6 +353,8 @@ def run_on_a_terminal(tmp_path: Path, *args: str) -> tuple[str, str]:
     leader, follower = pty.openpty()
     environment = {name: value for name, value in os.environ.items() if "TQDM" not in name}
     environment |= {"TERM": "xterm-256color", "COLUMNS": "100"}
+    for name in ("FLYWHEEL_DATABASE_URL", "FLYWHEEL_HOME"):  # the workspace in tmp_path
+        environment.pop(name, None)
     with subprocess.Popen(
         [sys.executable, "-m", "flywheel", *args],
         stdout=subprocess.PIPE,
@@ -321,4 +390,43 @@ def test_progress_is_drawn_on_a_terminal_and_never_with_json(tmp_path: Path) -> 
 
     out, drawn = run_on_a_terminal(tmp_path, "verify", "--file", str(tasks), "--json")
     assert json.loads(out)["usable"] == 1
+    assert drawn == ""
+
+
+@pytest.mark.no_database
+def test_builds_exports_and_repository_ingests_draw_progress_on_a_terminal(
+    tmp_path: Path,
+) -> None:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    tasks = tmp_path / "tasks.jsonl"
+    tasks.write_text(json.dumps(GOOD_TASK) + "\n", encoding="utf-8")
+    for args in (
+        ["init"],
+        ["tenants", "create", "acme"],
+        ["domains", "create", "billing", "--tenant", "acme"],
+        ["ingest", "tasks", str(tasks), "--format", "humaneval", "--domain", "billing"],
+    ):
+        run_on_a_terminal(workspace, *args)
+
+    out, drawn = run_on_a_terminal(workspace, "dataset", "build", "--domain", "billing")
+    assert out.startswith("built billing v1: ")
+    assert "building billing's next version" in drawn
+
+    export = tmp_path / "export"
+    args = ("dataset", "export", "1", "--domain", "billing", "--out", str(export))
+    out, drawn = run_on_a_terminal(workspace, *args)
+    assert out.startswith(f"exported v1 of billing to {export}")
+    assert "exporting v1 of billing" in drawn
+
+    out, drawn = run_on_a_terminal(
+        workspace, "ingest", "repo", str(TYPEDKIT), "--domain", "billing"
+    )
+    assert out.startswith("run_id: ")  # the counts, then the repository's yield report
+    assert f"reading {TYPEDKIT}" in " ".join(drawn.split())
+    assert "verifying tasks" in drawn
+
+    args = ("dataset", "build", "--domain", "billing", "--json")
+    out, drawn = run_on_a_terminal(workspace, *args)
+    assert json.loads(out)["is_new"] is True
     assert drawn == ""

@@ -345,7 +345,7 @@ def test_every_stored_text_is_redacted_and_counted(
     assert mailed is not None, label.completion
     assert label.messages == [{"role": "user", "content": f"I am {mailed[1]}: why the fee?"}]
     assert "jane" not in mailed[1]
-    assert "0132" not in label.completion
+    assert "(415) 555-0132" not in label.completion  # the last digits may repeat, by chance
     assert label.redaction_report == {"EMAIL": 2, "PHONE": 1}
     assert label.content_sha256 == content_sha256("label", label.messages, label.completion, False)
     assert label.group_key == content_sha256("prompt", private)  # the prompt, as sent

@@ -16,7 +16,7 @@ from bench.redaction import CLEAN_SENTENCES
 from flywheel.redaction import KINDS, Redaction, redact
 from flywheel.redaction.checksums import iban_valid, is_card_number
 from flywheel.redaction.keys import redaction_key, workspace_key
-from flywheel.redaction.surrogates import TEST_CARDS
+from flywheel.redaction.surrogates import _MAKERS, TEST_CARDS, Surrogates
 
 KEY = b"unit-test-redaction-key-32-bytes"
 PLACEHOLDER = re.compile(r"<(?:" + "|".join(KINDS) + r")>")
@@ -140,6 +140,20 @@ def test_a_surrogate_is_never_the_original(name: str) -> None:
         first, last = stored.removeprefix("Hi ").split(",")[0].split()
         assert first != name.split()[0]
         assert last != name.split()[1]
+
+
+def test_a_phone_whose_first_draw_is_itself_gets_another() -> None:
+    """A phone's draw is keyed on its digits, so a retry must draw anew, not rehash the same
+    digits: search scopes for one whose first draw of a fictional number is that number."""
+    phone = "(415) 555-0132"
+    first_draw = _MAKERS["PHONE"]
+    scope = next(
+        str(n) for n in range(1_000_000) if first_draw(Surrogates(KEY, str(n)), phone) == phone
+    )
+    replaced = Surrogates(KEY, scope)("PHONE", phone)
+    assert replaced != phone
+    assert re.fullmatch(r"\(\d{3}\) 555-01\d\d", replaced), replaced
+    assert Surrogates(KEY, scope)("PHONE", phone) == replaced  # still deterministic
 
 
 def test_surrogates_keep_the_shape_of_what_they_replace() -> None:

@@ -15,9 +15,11 @@ request fd:  `(name, args, kwargs)`
 response fd: `("value", value)`, `("raise", "<type name>", message)`, or why the value
              cannot cross: `("not_plain", why)`, `("output_limit", why)`
 
-It never sees the tests or any expected value. On its control socket it says it is ready once
-started; after each job (which ends when the host sends a byte saying the tests are over, if
-it has not ended before) it reports the job's peak memory.
+Modules named after its mode on the command line are imported before it says it is ready, so
+that its children start with them (the environments' zygotes preload what environments
+import). It never sees the tests or any expected value. On its control socket it says it is
+ready once started; after each job (which ends when the host sends a byte saying the tests
+are over, if it has not ended before) it reports the job's peak memory.
 """
 
 import contextlib
@@ -312,6 +314,8 @@ def main():
     import syscalls  # from /harness, like literals
 
     denied = syscalls.build_filter() if sys.argv[2] == "sandboxed" else None
+    for name in sys.argv[3:]:  # standard modules its jobs import: imported once, here
+        __import__(name)
     control.sendall(b'{"ready": true}\n')
     prepared = None
     while True:

@@ -1,0 +1,160 @@
+"""Decontamination sketches, computed once per item and stored (`item_sketches`).
+
+An item's sketch is what decontamination compares, so a build never normalises, hashes or
+signs an item's text again once it has one:
+
+- the sha256 of its prompt key (`flywheel.datasets.items`);
+- its distinct hashed word n-grams (`flywheel.datasets.decontamination`), sorted;
+- the MinHash signature of its compared text as one field (`flywheel.signals.dedup`), which is
+  not the item's stored `minhash`: that one is signed over tagged fields for dedup.
+
+Sketches live in this side table, filled for the items that lack one the first time a build
+needs them (`ensure_sketches`), rather than at item-write time, which would put dataset code
+into the signal writers. They are keyed by item and n-gram length and stamped with
+`SKETCHER`, the version of the rules that made them: a change of normaliser, word hash or
+signature bumps it, and the next build deletes the stale sketches and makes them again.
+A signal item's compared text is never updated once written (only its weight and verifier
+status are), so a sketch stays its item's; deleting the item deletes it (cascade).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any, NamedTuple
+
+import numpy as np
+from sqlalchemy import Table, and_, delete, or_, select
+from sqlalchemy.orm import Session
+
+from flywheel.bulk import chunked
+from flywheel.datasets.decontamination import batch_grams
+from flywheel.datasets.items import KINDS, Item, ItemKind, text_and_key, text_columns
+from flywheel.datasets.models import ItemSketch
+from flywheel.db import utcnow
+from flywheel.errors import InvalidState
+from flywheel.signals.dedup import minhash_signatures
+
+SKETCHER = 1
+"""The sketch rules' version: bump it when normalisation, word or gram hashing, or signing
+change, so stored sketches are rebuilt."""
+SKETCHES: Table = ItemSketch.__table__  # type: ignore[assignment]
+BATCH = 4_096
+LOOKUP = 5_000  # ids per IN (...) when reading sketches back
+
+
+def prompt_key_hash(key: str) -> str:
+    return hashlib.sha256(key.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def sketch_texts(texts: Sequence[str], n: int) -> list[tuple[bytes, bytes]]:
+    """Each text's (distinct sorted n-gram hashes as little-endian uint64, one-field MinHash
+    signature): what `EvalIndex` computes from the same texts."""
+    grams, owners = batch_grams(texts, n)
+    order = np.lexsort((grams, owners))
+    grams, owners = grams[order], owners[order]
+    first = np.ones(grams.size, dtype=bool)
+    first[1:] = (grams[1:] != grams[:-1]) | (owners[1:] != owners[:-1])
+    grams, owners = grams[first], owners[first]
+    bounds = np.searchsorted(owners, np.arange(len(texts) + 1))
+    signatures = minhash_signatures([[text] for text in texts])
+    return [
+        (grams[bounds[i] : bounds[i + 1]].astype("<u8").tobytes(), signatures[i])
+        for i in range(len(texts))
+    ]
+
+
+def sketches_of(
+    session: Session, items: Iterable[Item], n: int
+) -> dict[uuid.UUID, tuple[bytes, bytes]]:
+    """The stored (grams, signature) of these items for n-grams of `n` words, by item id;
+    InvalidState if one has none (`ensure_sketches` makes them)."""
+    wanted: dict[str, list[uuid.UUID]] = {}
+    for item in items:
+        wanted.setdefault(item.kind, []).append(item.id)
+    found: dict[uuid.UUID, tuple[bytes, bytes]] = {}
+    for kind in KINDS:
+        column = SKETCHES.c[kind.member_column]
+        for chunk in chunked(wanted.get(kind.name, []), LOOKUP):
+            rows = session.connection().execute(
+                select(column, SKETCHES.c.grams, SKETCHES.c.signature).where(
+                    column.in_(chunk), SKETCHES.c.ngram_words == n
+                )
+            )
+            found.update((item_id, (grams, signature)) for item_id, grams, signature in rows)
+    missing = sum(map(len, wanted.values())) - len(found)
+    if missing:
+        raise InvalidState(f"{missing} items have no sketch: ensure_sketches makes them")
+    return found
+
+
+def ensure_sketches(session: Session, domain_ids: Iterable[uuid.UUID], n: int) -> int:
+    """Sketch every item of these domains that has no sketch by the current rules for n-grams
+    of `n` words; how many were made. A stale sketch (another `SKETCHER`) is replaced."""
+    made = 0
+    for domain_id in domain_ids:
+        for kind in KINDS:
+            for batch in _batches(_unsketched(session, kind, domain_id, n)):
+                _insert(session, kind, batch, n)
+                made += len(batch)
+    return made
+
+
+class _Unsketched(NamedTuple):
+    item_id: uuid.UUID
+    text: str
+    key: str
+    stale_id: uuid.UUID | None  # its sketch by other rules, replaced
+
+
+def _unsketched(
+    session: Session, kind: ItemKind, domain_id: uuid.UUID, n: int
+) -> Iterator[_Unsketched]:
+    model = kind.model
+    column = SKETCHES.c[kind.member_column]
+    query = (
+        select(model.id, SKETCHES.c.id, *text_columns(model))
+        .outerjoin(SKETCHES, and_(column == model.id, SKETCHES.c.ngram_words == n))
+        .where(
+            model.domain_id == domain_id,
+            or_(SKETCHES.c.id.is_(None), SKETCHES.c.sketcher != SKETCHER),
+        )
+    )
+    rows = session.connection().execute(query.execution_options(yield_per=BATCH))
+    for item_id, stale_id, *parts in rows:
+        text, key = text_and_key(list(parts))
+        yield _Unsketched(item_id, text, key, stale_id)
+
+
+def _batches(rows: Iterator[_Unsketched]) -> Iterator[list[_Unsketched]]:
+    batch: list[_Unsketched] = []
+    for row in rows:
+        batch.append(row)
+        if len(batch) == BATCH:
+            yield batch
+            batch = []
+    if batch:
+        yield batch
+
+
+def _insert(session: Session, kind: ItemKind, batch: list[_Unsketched], n: int) -> None:
+    sketches = sketch_texts([row.text for row in batch], n)
+    stale = [row.stale_id for row in batch if row.stale_id is not None]
+    if stale:
+        session.execute(delete(ItemSketch).where(ItemSketch.id.in_(stale)))
+    now = utcnow()
+    names = ["id", "created_at", "sketcher", "ngram_words", "prompt_key", "grams", "signature"]
+    names.append(kind.member_column)
+    rows: list[list[Any]] = [
+        [uuid.uuid4(), now, SKETCHER, n, prompt_key_hash(key), grams, signature, item_id]
+        for (item_id, _, key, _), (grams, signature) in zip(batch, sketches, strict=True)
+    ]
+    if session.get_bind().dialect.name == "postgresql":
+        session.flush()
+        cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        with cursor.copy(f"COPY item_sketches ({', '.join(names)}) FROM STDIN") as copy:
+            for row in rows:
+                copy.write_row(row)
+        return
+    session.execute(SKETCHES.insert(), [dict(zip(names, row, strict=True)) for row in rows])

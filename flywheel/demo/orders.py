@@ -1,0 +1,202 @@
+"""The demo's tool domain, defined once: a tiny order desk the model must act on through tools.
+
+A user asks "Cancel the lamp order." or "Please refund my rug order."; the assistant must call
+`cancel_order(item="lamp")` (or `refund_order`) in the order desk's environment and then
+answer from its result. An episode succeeds when the desk's final state is the one the
+ground-truth call reaches: that order, and only it, cancelled (or refunded).
+
+Three kinds of conversation, all over the same three tools:
+
+- *lookups* ("Where is my lamp order?" -> `lookup_order(item="lamp")`): the stand-in for what
+  a real base model already knows (it has seen tool calls and names every item in one). The
+  tiny base is pretrained on them; a lookup changes no state, so it is never a task;
+- *demonstrations*: a few complete cancel / refund episodes (call, tool result, answer), the
+  SFT examples that show the new tools;
+- *tasks*: cancel / refund requests as environment tasks, for GRPO and held-out evaluation.
+
+Held out are the (action, item) pairs no stage trains on: cancelling the odd items and
+refunding the even ones (each phrasing). Order ids of digits would need the tiny model to copy
+digits, which it does not learn at this size (300 pretraining steps: no copy); a closed set
+of items it can name. Standard library only: `finetune` never imports this module (it renders
+the conversations the demo writes); the demo, the tests and the calibration share it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+CLASS_NAME = "OrderDesk"
+SOURCE = '''
+class OrderDesk:
+    """A tiny order desk: each order (named by its item) and its status."""
+
+    def __init__(self):
+        self.orders = {}
+
+    def _load_scenario(self, config):
+        self.orders = dict(config.get("orders", {}))
+
+    def _order(self, item):
+        if item not in self.orders:
+            raise KeyError(f"no {item} order")
+        return item
+
+    def lookup_order(self, item):
+        key = self._order(item)
+        return f"the {key} order is {self.orders[key]}"
+
+    def cancel_order(self, item):
+        key = self._order(item)
+        self.orders[key] = "cancelled"
+        return f"the {key} order is cancelled"
+
+    def refund_order(self, item):
+        key = self._order(item)
+        self.orders[key] = "refunded"
+        return f"the {key} order is refunded"
+'''
+
+
+def _tool(name: str, description: str) -> dict[str, Any]:
+    return {
+        "type": "function",
+        "function": {
+            "name": name,
+            "description": description,
+            "parameters": {
+                "type": "object",
+                "properties": {"item": {"type": "string"}},
+                "required": ["item"],
+            },
+        },
+    }
+
+
+TOOLS = [
+    _tool("lookup_order", "Look up an order's status."),
+    _tool("cancel_order", "Cancel an order."),
+    _tool("refund_order", "Refund an order."),
+]
+ITEMS = ("lamp", "desk", "chair", "sofa", "rug", "clock", "vase", "shelf", "mirror", "bench",
+         "stool", "table")  # fmt: skip
+PHRASES = {
+    "lookup": ("What is the status of the {item} order?", "Where is my {item} order?",
+               "Check the {item} order."),
+    "cancel": ("Cancel the {item} order.", "Please cancel my {item} order.",
+               "I want to cancel the {item} order."),
+    "refund": ("Refund the {item} order.", "Please refund my {item} order.",
+               "I want a refund for the {item} order."),
+}  # fmt: skip
+TOOL_OF = {"lookup": "lookup_order", "cancel": "cancel_order", "refund": "refund_order"}
+STATUSES = ("open", "shipped")
+USES = ("held_out", "train", "demo", "lookup")
+
+
+@dataclass(frozen=True)
+class Request:
+    """One user request: its action (`lookup`, `cancel`, `refund`) on the order of one item, in
+    one of the action's phrasings; the desk holds two other orders as well (the state check
+    sees that they are left alone)."""
+
+    action: str
+    item: str
+    phrasing: int
+
+    @property
+    def prompt(self) -> str:
+        return PHRASES[self.action][self.phrasing].format(item=self.item)
+
+    @property
+    def tool(self) -> str:
+        return TOOL_OF[self.action]
+
+    @property
+    def orders(self) -> dict[str, str]:
+        index = ITEMS.index(self.item)
+        items = (self.item, ITEMS[(index + 5) % len(ITEMS)], ITEMS[(index + 7) % len(ITEMS)])
+        return {item: STATUSES[_hash(f"status:{item}") % len(STATUSES)] for item in items}
+
+    @property
+    def call(self) -> dict[str, Any]:
+        return {"name": self.tool, "arguments": {"item": self.item}}
+
+    @property
+    def key(self) -> str:
+        return f"{self.action}-{self.item}-{self.phrasing}"
+
+    def result(self) -> str:
+        """The tool message the desk answers the call with."""
+        if self.action == "lookup":
+            return f"the {self.item} order is {self.orders[self.item]}"
+        return f"the {self.item} order is {'cancelled' if self.action == 'cancel' else 'refunded'}"
+
+    def reply(self) -> str:
+        """The assistant's closing answer, from the tool's result."""
+        return f"Done: {self.result()}."
+
+
+def _hash(text: str) -> int:
+    return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
+
+
+def _use(action: str, item: str) -> str:
+    """Held out: cancelling the odd items and refunding the even ones (by their place in
+    ITEMS); the rest trains. So every held-out request pairs an action and an item that were
+    each trained on, never together."""
+    if action == "lookup":
+        return "lookup"
+    return "held_out" if (ITEMS.index(item) % 2 == 1) == (action == "cancel") else "train"
+
+
+def requests(use: str) -> list[Request]:
+    """Every request of `use` (held_out, train, demo, lookup), in a fixed order that looks
+    random (a hash: the same on every machine). `demo` is the first phrasing of each train
+    pair, for the demonstrations: DEMONSTRATIONS of them are shown."""
+    if use not in USES:
+        raise ValueError(f"unknown use {use!r}; one of {', '.join(USES)}")
+    wanted = "train" if use == "demo" else use
+    made = [
+        Request(action, item, phrasing)
+        for action in PHRASES
+        for item in ITEMS
+        for phrasing in range(len(PHRASES[action]))
+        if _use(action, item) == wanted and (use != "demo" or phrasing == 0)
+    ]
+    return sorted(made, key=lambda request: _hash(f"{use}:{request.key}"))
+
+
+def conversation(request: Request) -> list[dict[str, Any]]:
+    """The whole episode as chat messages: the request, the call, the tool's answer, the reply."""
+    return [
+        {"role": "user", "content": request.prompt},
+        {"role": "assistant", "content": "", "tool_calls": [
+            {"type": "function", "function": request.call}]},
+        {"role": "tool", "name": request.tool, "content": request.result()},
+        {"role": "assistant", "content": request.reply()},
+    ]  # fmt: skip
+
+
+def environment_spec(request: Request) -> dict[str, Any]:
+    """The request as an environment spec (flywheel.sandbox.environment's format)."""
+    return {
+        "source": SOURCE,
+        "classes": {CLASS_NAME: {"orders": request.orders}},
+        "turns": [[{"role": "user", "content": request.prompt}]],
+        "ground_truth": [[request.call]],
+        "max_steps": 4,
+    }
+
+
+def environment_task(request: Request, use: str) -> dict[str, Any]:
+    """One line of a flywheel task file (`flywheel ingest tasks`): an environment task."""
+    return {
+        "task_id": f"orders-{use}-{request.key}",
+        "kind": "environment",
+        "prompt": request.prompt,
+        "tools": TOOLS,
+        "environment": environment_spec(request),
+        "group": f"orders-{request.key}",
+        "tags": [f"action:{request.action}"],
+    }

@@ -1,0 +1,170 @@
+"""Incremental builds: a version built from the stored sketches and the kept eval index of the
+last build equals one built from scratch (no sketch stored, no index kept), byte for byte in
+the manifest, whatever changed since the last version."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from sqlalchemy import delete, func, select, update
+from sqlalchemy.orm import Session, sessionmaker
+
+from flywheel.datasets.models import ItemSketch
+from flywheel.datasets.overlap import forget_indexes
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version
+from flywheel.datasets.sketches import SKETCHER
+from flywheel.models import Domain, SftExample
+from flywheel.signals.candidates import Candidate
+from tests.conftest import Caller
+from tests.integration.test_dataset_build import domain_of, groups_in, sft, store
+
+RECIPE = DatasetRecipe(eval_fraction=0.3, replay_fraction=0.5)
+
+
+def text(number: int) -> str:
+    words = ["invoice", "refund", "password", "account", "billing", "address", "charge", "plan"]
+    return " ".join(f"{words[(number * 7 + i) % 8]}{number}x{i}" for i in range(16))
+
+
+def base(sessions: sessionmaker[Session], caller: Caller) -> dict[str, list[str]]:
+    """Eight train groups and three eval groups of two items each, and their first version."""
+    domain_id = domain_of(sessions, caller)
+    groups = {
+        "train": list(groups_in("train", domain_id, 8)),
+        "eval": list(groups_in("eval", domain_id, 3)),
+    }
+    keys = [group for split in groups.values() for group in split]
+    store(sessions, caller, [sft(group, text(n)) for n, group in enumerate(keys * 2)])
+    with sessions() as session:
+        built = build(session, caller)
+        session.commit()
+    assert built.is_new
+    return groups
+
+
+def build(session: Session, caller: Caller) -> Any:
+    return build_dataset_version(
+        session=session,
+        tenant_id=caller.tenant_id,
+        domain_id=domain_of_session(session, caller),
+        recipe=RECIPE,
+    )
+
+
+def domain_of_session(session: Session, caller: Caller) -> uuid.UUID:
+    return session.scalars(select(Domain.id).where(Domain.tenant_id == caller.tenant_id)).one()
+
+
+def trained_text(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> str:
+    with sessions() as session:
+        messages = session.scalars(
+            select(SftExample.messages).where(SftExample.group_key == groups["train"][0])
+        ).first()
+    assert messages is not None
+    return str(messages[0]["content"])
+
+
+def new_train(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> list[Candidate]:
+    return [sft(groups["train"][1], text(500)), sft("brand-new-group", text(501))]
+
+
+def new_eval(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> list[Candidate]:
+    return [sft(groups["eval"][0], text(600))]
+
+
+def eval_asks_trained(
+    sessions: sessionmaker[Session], groups: dict[str, list[str]]
+) -> list[Candidate]:
+    asked = sft(groups["eval"][1], trained_text(sessions, groups))
+    answered = replace(asked, completion="a different answer to the same question")
+    return [answered, sft(groups["train"][4], text(800))]
+
+
+def eval_quotes_trained(
+    sessions: sessionmaker[Session], groups: dict[str, list[str]]
+) -> list[Candidate]:
+    """A new eval item quoting every train item: replayed ones must leave train."""
+    with sessions() as session:
+        trained = [str(m[0]["content"]) for m in session.scalars(select(SftExample.messages))]
+    return [sft(groups["eval"][2], f"{quoted} and also more words") for quoted in trained[:6]]
+
+
+def retract(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> list[Candidate]:
+    with sessions() as session:
+        for group in (groups["eval"][0], groups["train"][2]):
+            first = session.scalars(select(SftExample.id).where(SftExample.group_key == group))
+            session.execute(
+                update(SftExample).where(SftExample.id == first.first()).values(weight=0.0)
+            )
+        session.commit()
+    return [sft(groups["train"][3], text(700))]
+
+
+def mixed(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> list[Candidate]:
+    return [
+        *new_train(sessions, groups),
+        *new_eval(sessions, groups),
+        *eval_asks_trained(sessions, groups),
+        *eval_quotes_trained(sessions, groups),
+        *retract(sessions, groups),
+    ]
+
+
+def shows(shape: str, stats: dict[str, Any]) -> bool:
+    """Whether the build's stats show the change's effect (so the comparison means something)."""
+    if shape == "eval_asks_trained":
+        return bool(stats["withheld_from_eval"] == {"prompt_trained": 1})
+    if shape in ("eval_quotes_trained", "mixed"):
+        return bool(stats["contaminated"].get("ngram_overlap"))
+    return bool(stats["new"] or stats["new_eval"])
+
+
+Change = Callable[[sessionmaker[Session], dict[str, list[str]]], list[Candidate]]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [new_train, new_eval, eval_asks_trained, eval_quotes_trained, retract, mixed],
+    ids=lambda change: change.__name__,
+)
+def test_an_incremental_build_equals_one_from_scratch(
+    sessions: sessionmaker[Session], acme: Caller, change: Change
+) -> None:
+    groups = base(sessions, acme)
+    store(sessions, acme, change(sessions, groups))
+    with sessions() as session:
+        kept = set(session.scalars(select(ItemSketch.id)))
+        incremental = build(session, acme)
+        assert incremental.is_new
+        assert shows(change.__name__, incremental.stats)
+        sketched = set(session.scalars(select(ItemSketch.id)))
+        result = (incremental.version.manifest_sha256, incremental.version.eval_sha256)
+        stats = incremental.stats
+        session.rollback()
+    with sessions() as session:
+        forget_indexes()
+        session.execute(delete(ItemSketch))
+        scratch = build(session, acme)
+        assert (scratch.version.manifest_sha256, scratch.version.eval_sha256) == result
+        assert scratch.stats == stats
+        session.rollback()
+    assert kept  # the first build sketched its items,
+    assert kept < sketched  # and this one kept those sketches and sketched the new items
+
+
+def test_changed_sketch_rules_rebuild_the_sketches(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    groups = base(sessions, acme)
+    with sessions() as session:
+        session.execute(update(ItemSketch).values(sketcher=SKETCHER - 1, grams=b""))
+        session.commit()
+    store(sessions, acme, new_eval(sessions, groups))
+    with sessions() as session:
+        build(session, acme)
+        stamps = session.execute(select(ItemSketch.sketcher, func.length(ItemSketch.grams)))
+        assert {(stamp, size > 0) for stamp, size in stamps} == {(SKETCHER, True)}
