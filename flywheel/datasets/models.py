@@ -17,7 +17,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, mapped_column
 
-from flywheel.db import Base, IdMixin, JsonType
+from flywheel.db import Base, IdMixin, JsonType, set_index
 
 # The item a member holds: exactly one of these columns is set.
 ITEM_COLUMNS = (
@@ -71,6 +71,9 @@ class DatasetMember(Base):
             name="exactly_one_item",
         ),
         Index(None, "dataset_version_id", "split"),
+        # Deleting an item (forget, a retraction) finds its rows through these, not by
+        # scanning every version's rows per item; so do lineage and a build's history.
+        *(set_index(column) for column in ITEM_COLUMNS),
     )
 
     id: Mapped[uuid.UUID] = mapped_column(primary_key=True, default=uuid.uuid4)

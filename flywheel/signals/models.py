@@ -23,7 +23,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.orm import Mapped, declared_attr, mapped_column
 
-from flywheel.db import Base, IdMixin, JsonType
+from flywheel.db import Base, IdMixin, JsonType, set_index
 
 SOURCE_KINDS = ("feedback", "ticket", "repository", "task_file", "api")
 VERIFIER_STATUSES = ("pending", "usable", "unusable")
@@ -71,6 +71,7 @@ class ProvenanceMixin(IdMixin):
         return (
             UniqueConstraint("domain_id", "content_sha256"),
             Index(None, "domain_id", "group_key"),
+            set_index("duplicate_of_id"),  # deleting an item unsets its duplicates' links
             CheckConstraint(_in("source_kind", SOURCE_KINDS), name="source_kind"),
             CheckConstraint("weight >= 0", name="weight_non_negative"),
             *cls.__extra_table_args__,
