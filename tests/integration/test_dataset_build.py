@@ -343,3 +343,30 @@ def test_a_shared_system_prompt_is_not_contamination(
 
     assert built.stats["contaminated"] == {}
     assert built.stats["train"] == {"sft": 4}
+
+
+def test_members_keep_each_weight_and_position_exactly(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """A version's member rows (COPY text on PostgreSQL) hold the item's weight to the last
+    digit, and positions 0.. in the split's order."""
+    domain_id = domain_of(sessions, acme)
+    weights = [0.1 + 0.2, 1e-300, 2.0 / 3.0, 123456789.125]
+    groups = list(groups_in("train", domain_id, len(weights)))
+    store(sessions, acme, [sft(group, f"question {group}") for group in groups])
+    with unit_of_work(sessions) as session:
+        for group, weight in zip(groups, weights, strict=True):
+            session.execute(
+                update(SftExample).where(SftExample.group_key == group).values(weight=weight)
+            )
+
+    version = build(sessions, acme).version
+
+    with sessions() as session:
+        rows = session.execute(
+            select(DatasetMember.group_key, DatasetMember.weight, DatasetMember.position).where(
+                DatasetMember.dataset_version_id == version.id
+            )
+        ).all()
+    assert {group: weight for group, weight, _ in rows} == dict(zip(groups, weights, strict=True))
+    assert sorted(position for _, _, position in rows) == list(range(len(weights)))
