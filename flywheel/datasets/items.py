@@ -17,12 +17,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Text, and_, func, null, or_, select
+from sqlalchemy import Text, and_, case, func, null, or_, select
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked
-from flywheel.datasets.models import DatasetMember, ItemSketch
+from flywheel.datasets.models import SKETCHER, DatasetMember, DatasetVersion, ItemSketch
 from flywheel.datasets.split import Split
 from flywheel.signals.content import prompt_key, task_prompt_key
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
@@ -53,17 +53,22 @@ class Item:
     content_sha256: str
     weight: float
     source_kind: str
-    prompt_key: str | None  # its hash, from its sketch (None before it has one)
+    prompt_key: str | None  # its hash, from its sketch (None before it has one by the rules)
     difficulty: float | None = None
     mixed_from: str | None = None  # the other domain it was mixed in from
+    was_held: bool = False  # by a version of its domain
+    was_eval: bool = False  # in eval, by a version of its domain
 
 
 def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> Iterator[Item]:
     """Plain rows (no ORM objects: a build reads every item of the domain), in chunks, with
-    the prompt-key hash of their sketch for n-grams of `ngram_words` words (None without)."""
+    the prompt-key hash of their sketch for n-grams of `ngram_words` words (None without),
+    and whether a version of the domain held each (in eval): the database groups the
+    versions' rows, so a build does not read every row of every version."""
     for kind in KINDS:
         model = kind.model
         sketch = ItemSketch.__table__.c
+        held = held_items(domain_id, kind)
         difficulty = VerifiableTask.difficulty if model is VerifiableTask else null()
         query = (
             select(
@@ -74,11 +79,18 @@ def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> 
                 model.source_kind,
                 difficulty,
                 sketch.prompt_key,
+                held.c.item_id.is_not(None),
+                held.c.was_eval,
             )
             .outerjoin(
                 ItemSketch,
-                and_(sketch[kind.member_column] == model.id, sketch.ngram_words == ngram_words),
+                and_(
+                    sketch[kind.member_column] == model.id,
+                    sketch.ngram_words == ngram_words,
+                    sketch.sketcher == SKETCHER,
+                ),
             )
+            .outerjoin(held, held.c.item_id == model.id)
             .where(model.domain_id == domain_id, model.weight > 0, model.duplicate_of_id.is_(None))
         )
         if model is VerifiableTask:
@@ -95,7 +107,7 @@ def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> 
         rows = session.connection().execute(
             query.execution_options(stream_results=True, yield_per=5_000)
         )
-        for item_id, group_key, sha256, weight, source, ease, key in rows:
+        for item_id, group_key, sha256, weight, source, ease, key, was_held, was_eval in rows:
             yield Item(
                 kind=kind.name,
                 id=item_id,
@@ -105,7 +117,54 @@ def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> 
                 source_kind=source,
                 prompt_key=key,
                 difficulty=ease,
+                was_held=was_held,
+                was_eval=bool(was_eval),
             )
+
+
+def held_items(domain_id: uuid.UUID, kind: ItemKind) -> Any:
+    """The items of `kind` the domain's versions held: one row per item, was it in eval."""
+    column = getattr(DatasetMember, kind.member_column)
+    return (
+        select(
+            column.label("item_id"),
+            func.max(case((DatasetMember.split == "eval", 1), else_=0)).label("was_eval"),
+        )
+        .join(DatasetVersion, DatasetVersion.id == DatasetMember.dataset_version_id)
+        .where(DatasetVersion.domain_id == domain_id, column.is_not(None))
+        .group_by(column)
+        .subquery()
+    )
+
+
+@dataclass
+class History:
+    """What earlier versions of a domain held: every item, and the eval ones."""
+
+    seen: set[tuple[str, uuid.UUID]]
+    evaluated: set[tuple[str, uuid.UUID]]
+
+    @classmethod
+    def load(cls, session: Session, domain_id: uuid.UUID) -> History:
+        """One row per item any version held (not per version and item), and whether one
+        held it in eval: mixed-in items of other domains included."""
+        seen, evaluated = set(), set()
+        for kind in KINDS:
+            held = held_items(domain_id, kind)
+            for item_id, was_eval in session.connection().execute(select(held)):
+                seen.add((kind.name, item_id))
+                if was_eval:
+                    evaluated.add((kind.name, item_id))
+        return cls(seen, evaluated)
+
+    @classmethod
+    def of(cls, eligible: list[Item]) -> History:
+        """The history of a domain that never mixed other domains in, from its eligible items'
+        own marks: the same sets for every item a build can choose (an item no longer
+        eligible is never chosen again)."""
+        seen = {(item.kind, item.id) for item in eligible if item.was_held}
+        evaluated = {(item.kind, item.id) for item in eligible if item.was_eval}
+        return cls(seen, evaluated)
 
 
 def text_columns(model: Any) -> tuple[Any, ...]:

@@ -123,6 +123,11 @@ class DatasetGroup(IdMixin, Base):
     )
 
 
+SKETCHER = 1
+"""The sketch rules' version (`flywheel.datasets.sketches`): bump it when normalisation, word
+or gram hashing, or signing change, so stored sketches are rebuilt."""
+
+
 class ItemSketch(IdMixin, Base):
     """An item's decontamination sketch, computed once (flywheel.datasets.sketches): its
     prompt key's hash, its distinct hashed n-grams and its MinHash signature over the text

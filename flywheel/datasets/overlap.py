@@ -16,14 +16,14 @@ from collections import Counter, OrderedDict
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
-from sqlalchemy import and_, select
+from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked
 from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
 from flywheel.datasets.items import KINDS, Item
-from flywheel.datasets.models import DatasetMember, DatasetVersion, ItemSketch
-from flywheel.datasets.sketches import SKETCHER, sketches_of
+from flywheel.datasets.models import SKETCHER, DatasetMember, DatasetVersion, ItemSketch
+from flywheel.datasets.sketches import sketches_of
 from flywheel.errors import InvalidState
 
 if TYPE_CHECKING:
@@ -64,27 +64,30 @@ def withhold_trained(
 def _trained_keys(
     session: Session, domain_id: uuid.UUID, keys: set[str], ngram_words: int
 ) -> set[str]:
-    """Which of these prompt-key hashes an item in train of a version of the domain has."""
+    """Which of these prompt-key hashes an item in train of a version of the domain has: the
+    items with the keys first (by the key index), then their member rows (by the item
+    indexes), so the plan starts from the few keys even while the statistics have not yet
+    seen the last version's rows (which made it walk every train row of that version)."""
     sketch = ItemSketch.__table__.c
+    versions = set(
+        session.scalars(select(DatasetVersion.id).where(DatasetVersion.domain_id == domain_id))
+    )
     found: set[str] = set()
-    for kind in KINDS:
+    for kind in KINDS if versions else ():
+        column = sketch[kind.member_column]
         member = getattr(DatasetMember, kind.member_column)
         for chunk in chunked(sorted(keys)):
-            query = (
-                select(sketch.prompt_key)
-                .distinct()
-                .join(
-                    DatasetMember,
-                    and_(member == sketch[kind.member_column], DatasetMember.split == "train"),
-                )
-                .join(DatasetVersion, DatasetVersion.id == DatasetMember.dataset_version_id)
-                .where(
-                    DatasetVersion.domain_id == domain_id,
-                    sketch.prompt_key.in_(chunk),
-                    sketch.ngram_words == ngram_words,
-                )
+            query = select(column, sketch.prompt_key).where(
+                sketch.prompt_key.in_(chunk), sketch.ngram_words == ngram_words, column.is_not(None)
             )
-            found.update(session.scalars(query))
+            keyed: dict[uuid.UUID, str] = dict(iter(session.execute(query)))
+            for ids in chunked(sorted(keyed)):
+                rows = session.execute(
+                    select(member, DatasetMember.dataset_version_id).where(
+                        member.in_(ids), DatasetMember.split == "train"
+                    )
+                )
+                found.update(keyed[item_id] for item_id, version in rows if version in versions)
     return found
 
 

@@ -44,14 +44,14 @@ from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
-from sqlalchemy import Table, case, func, select, update
+from sqlalchemy import Table, select, update
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked, insert_ignoring_conflicts
 from flywheel.datasets.eval_size import eval_size_warnings
-from flywheel.datasets.items import KINDS, Item, eligible_items
+from flywheel.datasets.items import KINDS, History, Item, eligible_items
 from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
-from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion
+from flywheel.datasets.models import SKETCHER, DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.db import domain_lock, utcnow
@@ -140,14 +140,22 @@ def _build(
     # Here: decontamination and sketches load numpy, which the version reads (`flywheel
     # dataset list`) skip.
     from flywheel.datasets.overlap import decontaminate, withhold_trained
-    from flywheel.datasets.sketches import ensure_sketches
+    from flywheel.datasets.sketches import ensure_sketches, with_sketches
 
     domain_lock(session, domain_id, "dataset-build")
     session.flush()  # the reads below run on the connection (Core rows: a third of the cost)
     parent = latest_version(session=session, domain_id=domain_id)
-    history = _History.load(session, domain_id)
-    ensure_sketches(session, _sketched_domains(session, tenant_id, domain_id, recipe), recipe.ngram)
-    eligible = list(eligible_items(session, domain_id, recipe.ngram))
+    domains = _sketched_domains(session, tenant_id, domain_id, recipe)
+    if parent is None or parent.stats.get("sketcher") != SKETCHER:
+        # The first build under these sketch rules: every item of the domains, held by an
+        # earlier version or not (what they trained on keeps new eval items out). After it,
+        # each build sketches the items it reads without one.
+        ensure_sketches(session, domains, recipe.ngram)
+    eligible = with_sketches(
+        session, list(eligible_items(session, domain_id, recipe.ngram)), recipe.ngram
+    )
+    is_mixed = len(domains) > 1  # now or before: its versions hold other domains' items
+    history = History.load(session, domain_id) if is_mixed else History.of(eligible)
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     number = (parent.version + 1) if parent else 1
@@ -165,6 +173,7 @@ def _build(
         return Built(parent, is_new=False, stats=parent.stats)
     stats["contaminated"] = dict(contaminated)
     stats["builder"] = BUILDER
+    stats["sketcher"] = SKETCHER
     stats["min_eval_items"] = min_eval_items
     ordered = {
         "eval": order_items(evaluation, "none"),
@@ -263,40 +272,12 @@ def latest_version(
     return session.scalars(query.order_by(DatasetVersion.version.desc()).limit(1)).first()
 
 
-@dataclass
-class _History:
-    """What earlier versions of the domain held: every item, and the eval ones."""
-
-    seen: set[tuple[str, uuid.UUID]]
-    evaluated: set[tuple[str, uuid.UUID]]
-
-    @classmethod
-    def load(cls, session: Session, domain_id: uuid.UUID) -> _History:
-        """One row per item any version held (not per version and item), and whether one
-        held it in eval."""
-        seen, evaluated = set(), set()
-        is_eval = func.max(case((MEMBERS.c.split == "eval", 1), else_=0))
-        for kind in KINDS:
-            column = MEMBERS.c[kind.member_column]
-            rows = session.connection().execute(
-                select(column, is_eval)
-                .join(DatasetVersion, DatasetVersion.id == MEMBERS.c.dataset_version_id)
-                .where(DatasetVersion.domain_id == domain_id, column.is_not(None))
-                .group_by(column)
-            )
-            for item_id, was_eval in rows:
-                seen.add((kind.name, item_id))
-                if was_eval:
-                    evaluated.add((kind.name, item_id))
-        return cls(seen, evaluated)
-
-
 def _is_same_recipe(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:
     """Whether the parent was built by these rules with this mix (see `_same_mix`)."""
     return _same_mix(parent, recipe) and parent.stats.get("builder") == BUILDER
 
 
-def _has_new(evaluation: list[Item], train: list[Item], history: _History) -> bool:
+def _has_new(evaluation: list[Item], train: list[Item], history: History) -> bool:
     """Whether the splits hold an item no earlier version held there."""
     return any((item.kind, item.id) not in history.evaluated for item in evaluation) or any(
         (item.kind, item.id) not in history.seen for item in train
@@ -319,6 +300,8 @@ def _mixed_items(
     (train is decontaminated against them too). Only groups that domain's own builds put in
     train are drawn from (its eval set stays unseen), never an item it ever evaluated on;
     drawn by content hash (the same items every time for the same share)."""
+    from flywheel.datasets.sketches import with_sketches  # numpy: only builds load it
+
     items: list[Item] = []
     their_eval: list[Item] = []
     for name, share in sorted(recipe.mix.items()):
@@ -330,9 +313,10 @@ def _mixed_items(
                 )
             )
         )
-        evaluated = _History.load(session, other).evaluated
-        for item in eligible_items(session, other, recipe.ngram):
-            if item.group_key not in train_groups or (item.kind, item.id) in evaluated:
+        for item in with_sketches(
+            session, list(eligible_items(session, other, recipe.ngram)), recipe.ngram
+        ):
+            if item.group_key not in train_groups or item.was_eval:
                 their_eval.append(item)  # or not yet placed: compared against, never drawn
             elif _drawn(f"mix:{other}", item, share):
                 items.append(replace(item, mixed_from=name))
@@ -425,7 +409,7 @@ def _assign(
 
 
 def _choose(
-    eligible: list[Item], splits: _Splits, history: _History, recipe: DatasetRecipe, number: int
+    eligible: list[Item], splits: _Splits, history: History, recipe: DatasetRecipe, number: int
 ) -> tuple[list[Item], list[Item], dict[str, Any]]:
     evaluation: list[Item] = []
     train: list[Item] = []

@@ -9,10 +9,12 @@ signs an item's text again once it has one:
   not the item's stored `minhash`: that one is signed over tagged fields for dedup.
 
 Sketches live in this side table, filled for the items that lack one the first time a build
-needs them (`ensure_sketches`), rather than at item-write time, which would put dataset code
-into the signal writers. They are keyed by item and n-gram length and stamped with
-`SKETCHER`, the version of the rules that made them: a change of normaliser, word hash or
-signature bumps it, and the next build deletes the stale sketches and makes them again.
+needs them, rather than at item-write time, which would put dataset code into the signal
+writers: a build sketches the items it reads without one (`with_sketches`), and the first
+build under new rules every item of its domains (`ensure_sketches`). They are keyed by item
+and n-gram length and stamped with `SKETCHER`, the version of the rules that made them: a
+change of normaliser, word hash or signature bumps it, and the next build deletes the stale
+sketches and makes them again.
 A signal item's compared text is never updated once written (only its weight and verifier
 status are), so a sketch stays its item's; deleting the item deletes it (cascade).
 """
@@ -22,23 +24,21 @@ from __future__ import annotations
 import hashlib
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
-from sqlalchemy import Table, and_, delete, or_, select
+from sqlalchemy import ColumnElement, Table, and_, delete, or_, select
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked
 from flywheel.datasets.decontamination import batch_grams
 from flywheel.datasets.items import KINDS, Item, ItemKind, text_and_key, text_columns
-from flywheel.datasets.models import ItemSketch
+from flywheel.datasets.models import SKETCHER, ItemSketch
 from flywheel.db import utcnow
 from flywheel.errors import InvalidState
 from flywheel.signals.dedup import minhash_signatures
 
-SKETCHER = 1
-"""The sketch rules' version: bump it when normalisation, word or gram hashing, or signing
-change, so stored sketches are rebuilt."""
 SKETCHES: Table = ItemSketch.__table__  # type: ignore[assignment]
 BATCH = 4_096
 LOOKUP = 5_000  # ids per IN (...) when reading sketches back
@@ -95,10 +95,27 @@ def ensure_sketches(session: Session, domain_ids: Iterable[uuid.UUID], n: int) -
     made = 0
     for domain_id in domain_ids:
         for kind in KINDS:
-            for batch in _batches(_unsketched(session, kind, domain_id, n)):
+            rows = _unsketched(session, kind, n, kind.model.domain_id == domain_id)
+            for batch in _batches(rows):
                 _insert(session, kind, batch, n)
                 made += len(batch)
     return made
+
+
+def with_sketches(session: Session, items: list[Item], n: int) -> list[Item]:
+    """The items, each with its prompt key: those read without a sketch by the current rules
+    (`eligible_items` gives them None) are sketched now, a stale sketch replaced."""
+    unsketched = [item for item in items if item.prompt_key is None]
+    if not unsketched:
+        return items
+    keys: dict[uuid.UUID, str] = {}
+    for kind in KINDS:
+        ids = [item.id for item in unsketched if item.kind == kind.name]
+        for chunk in chunked(ids, BATCH):
+            batch = list(_unsketched(session, kind, n, kind.model.id.in_(chunk)))
+            _insert(session, kind, batch, n)
+            keys.update((row.item_id, prompt_key_hash(row.key)) for row in batch)
+    return [item if item.prompt_key else replace(item, prompt_key=keys[item.id]) for item in items]
 
 
 class _Unsketched(NamedTuple):
@@ -109,17 +126,16 @@ class _Unsketched(NamedTuple):
 
 
 def _unsketched(
-    session: Session, kind: ItemKind, domain_id: uuid.UUID, n: int
+    session: Session, kind: ItemKind, n: int, which: ColumnElement[bool]
 ) -> Iterator[_Unsketched]:
+    """The items of `kind` that `which` selects and that have no sketch by the current
+    rules, with their texts."""
     model = kind.model
     column = SKETCHES.c[kind.member_column]
     query = (
         select(model.id, SKETCHES.c.id, *text_columns(model))
         .outerjoin(SKETCHES, and_(column == model.id, SKETCHES.c.ngram_words == n))
-        .where(
-            model.domain_id == domain_id,
-            or_(SKETCHES.c.id.is_(None), SKETCHES.c.sketcher != SKETCHER),
-        )
+        .where(which, or_(SKETCHES.c.id.is_(None), SKETCHES.c.sketcher != SKETCHER))
     )
     rows = session.connection().execute(query.execution_options(yield_per=BATCH))
     for item_id, stale_id, *parts in rows:

@@ -13,10 +13,9 @@ import pytest
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.models import ItemSketch
+from flywheel.datasets.models import SKETCHER, DatasetVersion, ItemSketch
 from flywheel.datasets.overlap import forget_indexes
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version
-from flywheel.datasets.sketches import SKETCHER
 from flywheel.models import Domain, SftExample
 from flywheel.signals.candidates import Candidate
 from tests.conftest import Caller
@@ -168,3 +167,40 @@ def test_changed_sketch_rules_rebuild_the_sketches(
         build(session, acme)
         stamps = session.execute(select(ItemSketch.sketcher, func.length(ItemSketch.grams)))
         assert {(stamp, size > 0) for stamp, size in stamps} == {(SKETCHER, True)}
+
+
+def test_the_first_build_under_new_sketch_rules_rebuilds_every_sketch(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """After a version made by older sketch rules, a build re-sketches every item of the
+    domain, not only those it reads: an item trained earlier and retracted since still keeps
+    its prompt out of eval through its sketch. Later builds sketch only what they read."""
+    groups = base(sessions, acme)
+    with sessions() as session:
+        session.execute(update(ItemSketch).values(sketcher=SKETCHER - 1, grams=b""))
+        retracted = session.scalars(select(SftExample.id).limit(1)).one()
+        session.execute(update(SftExample).where(SftExample.id == retracted).values(weight=0.0))
+        version = session.scalars(select(DatasetVersion)).one()
+        version.stats = {**version.stats, "sketcher": SKETCHER - 1}  # made by the older rules
+        session.commit()
+    store(sessions, acme, new_eval(sessions, groups))
+    with sessions() as session:
+        build(session, acme)
+        stamps = session.execute(select(ItemSketch.sft_example_id, ItemSketch.sketcher))
+        assert {stamp for _, stamp in stamps} == {SKETCHER}
+        session.commit()
+
+    with sessions() as session:  # one more version: only the items it reads are sketched
+        session.execute(
+            update(ItemSketch)
+            .where(ItemSketch.sft_example_id == retracted)
+            .values(sketcher=SKETCHER - 1)
+        )
+        session.commit()
+    store(sessions, acme, [sft(groups["eval"][1], text(601))])
+    with sessions() as session:
+        assert build(session, acme).is_new
+        stamp = session.scalars(
+            select(ItemSketch.sketcher).where(ItemSketch.sft_example_id == retracted)
+        ).one()
+        assert stamp == SKETCHER - 1
