@@ -28,6 +28,32 @@ ITEM_COLUMNS = (
 )
 
 
+class ItemRefs:
+    """The signal item a row is about: exactly one of these is set (`exactly_one_item`);
+    deleting the item deletes the row."""
+
+    sft_example_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("sft_examples.id", ondelete="CASCADE")
+    )
+    preference_pair_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("preference_pairs.id", ondelete="CASCADE")
+    )
+    verifiable_task_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("verifiable_tasks.id", ondelete="CASCADE")
+    )
+    labeled_completion_id: Mapped[uuid.UUID | None] = mapped_column(
+        ForeignKey("labeled_completions.id", ondelete="CASCADE")
+    )
+
+
+def exactly_one_item() -> CheckConstraint:
+    return CheckConstraint(
+        " + ".join(f"(CASE WHEN {column} IS NULL THEN 0 ELSE 1 END)" for column in ITEM_COLUMNS)
+        + " = 1",
+        name="exactly_one_item",
+    )
+
+
 class DatasetVersion(IdMixin, Base):
     """An immutable, content-addressed snapshot of a domain's signal."""
 
@@ -59,17 +85,13 @@ class DatasetVersion(IdMixin, Base):
     )
 
 
-class DatasetMember(Base):
+class DatasetMember(ItemRefs, Base):
     """One item of a version, in exactly one split; exactly one of the item columns is set."""
 
     __tablename__ = "dataset_members"
     __table_args__ = (
         CheckConstraint("split IN ('train', 'eval')", name="split"),
-        CheckConstraint(
-            " + ".join(f"(CASE WHEN {column} IS NULL THEN 0 ELSE 1 END)" for column in ITEM_COLUMNS)
-            + " = 1",
-            name="exactly_one_item",
-        ),
+        exactly_one_item(),
         Index(None, "dataset_version_id", "split"),
         # Deleting an item (forget, a retraction) finds its rows through these, not by
         # scanning every version's rows per item; so do lineage and a build's history.
@@ -82,18 +104,6 @@ class DatasetMember(Base):
     )
     split: Mapped[str] = mapped_column(String(8))
     group_key: Mapped[str] = mapped_column(String(255))
-    sft_example_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("sft_examples.id", ondelete="CASCADE")
-    )
-    preference_pair_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("preference_pairs.id", ondelete="CASCADE")
-    )
-    verifiable_task_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("verifiable_tasks.id", ondelete="CASCADE")
-    )
-    labeled_completion_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("labeled_completions.id", ondelete="CASCADE")
-    )
     weight: Mapped[float | None] = mapped_column(
         Float, doc="The item's weight when the version was built (items may be retracted later)."
     )
@@ -128,7 +138,7 @@ SKETCHER = 1
 or gram hashing, or signing change, so stored sketches are rebuilt."""
 
 
-class ItemSketch(IdMixin, Base):
+class ItemSketch(ItemRefs, IdMixin, Base):
     """An item's decontamination sketch, computed once (flywheel.datasets.sketches): its
     prompt key's hash, its distinct hashed n-grams and its MinHash signature over the text
     decontamination compares. Exactly one item column is set; a sketch made by other rules
@@ -136,11 +146,7 @@ class ItemSketch(IdMixin, Base):
 
     __tablename__ = "item_sketches"
     __table_args__ = (
-        CheckConstraint(
-            " + ".join(f"(CASE WHEN {column} IS NULL THEN 0 ELSE 1 END)" for column in ITEM_COLUMNS)
-            + " = 1",
-            name="exactly_one_item",
-        ),
+        exactly_one_item(),
         *(UniqueConstraint(column, "ngram_words") for column in ITEM_COLUMNS),
         Index(None, "prompt_key"),
     )
@@ -153,16 +159,4 @@ class ItemSketch(IdMixin, Base):
     )
     signature: Mapped[bytes] = mapped_column(
         LargeBinary, doc="MinHash signature of the compared text as one field."
-    )
-    sft_example_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("sft_examples.id", ondelete="CASCADE")
-    )
-    preference_pair_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("preference_pairs.id", ondelete="CASCADE")
-    )
-    verifiable_task_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("verifiable_tasks.id", ondelete="CASCADE")
-    )
-    labeled_completion_id: Mapped[uuid.UUID | None] = mapped_column(
-        ForeignKey("labeled_completions.id", ondelete="CASCADE")
     )
