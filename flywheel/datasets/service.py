@@ -154,8 +154,7 @@ def _build(
     eligible = with_sketches(
         session, list(eligible_items(session, domain_id, recipe.ngram)), recipe.ngram
     )
-    is_mixed = len(domains) > 1  # now or before: its versions hold other domains' items
-    history = History.load(session, domain_id) if is_mixed else History.of(eligible)
+    history = History.load(session, domain_id)
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     number = (parent.version + 1) if parent else 1
@@ -313,10 +312,11 @@ def _mixed_items(
                 )
             )
         )
+        evaluated = History.load(session, other).evaluated
         for item in with_sketches(
             session, list(eligible_items(session, other, recipe.ngram)), recipe.ngram
         ):
-            if item.group_key not in train_groups or item.was_eval:
+            if item.group_key not in train_groups or (item.kind, item.id) in evaluated:
                 their_eval.append(item)  # or not yet placed: compared against, never drawn
             elif _drawn(f"mix:{other}", item, share):
                 items.append(replace(item, mixed_from=name))
