@@ -115,21 +115,6 @@ def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> 
             )
 
 
-def held_items(domain_id: uuid.UUID, kind: ItemKind) -> Any:
-    """The items of `kind` the domain's versions held: one row per item, was it in eval."""
-    column = getattr(DatasetMember, kind.member_column)
-    return (
-        select(
-            column.label("item_id"),
-            func.max(case((DatasetMember.split == "eval", 1), else_=0)).label("was_eval"),
-        )
-        .join(DatasetVersion, DatasetVersion.id == DatasetMember.dataset_version_id)
-        .where(DatasetVersion.domain_id == domain_id, column.is_not(None))
-        .group_by(column)
-        .subquery()
-    )
-
-
 @dataclass
 class History:
     """What earlier versions of a domain held: every item, and the eval ones."""
@@ -142,9 +127,16 @@ class History:
         """One row per item any version held (not per version and item), and whether one
         held it in eval: mixed-in items of other domains included."""
         seen, evaluated = set(), set()
+        is_eval = func.max(case((DatasetMember.split == "eval", 1), else_=0))
         for kind in KINDS:
-            held = held_items(domain_id, kind)
-            for item_id, was_eval in session.connection().execute(select(held)):
+            column = getattr(DatasetMember, kind.member_column)
+            rows = session.connection().execute(
+                select(column, is_eval)
+                .join(DatasetVersion, DatasetVersion.id == DatasetMember.dataset_version_id)
+                .where(DatasetVersion.domain_id == domain_id, column.is_not(None))
+                .group_by(column)
+            )
+            for item_id, was_eval in rows:
                 seen.add((kind.name, item_id))
                 if was_eval:
                     evaluated.add((kind.name, item_id))

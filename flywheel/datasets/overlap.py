@@ -73,7 +73,9 @@ def _trained_keys(
         session.scalars(select(DatasetVersion.id).where(DatasetVersion.domain_id == domain_id))
     )
     found: set[str] = set()
-    for kind in KINDS if versions else ():
+    if not versions:
+        return found
+    for kind in KINDS:
         column = sketch[kind.member_column]
         member = getattr(DatasetMember, kind.member_column)
         for chunk in chunked(sorted(keys)):

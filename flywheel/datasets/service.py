@@ -49,7 +49,7 @@ from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked, insert_ignoring_conflicts
 from flywheel.datasets.eval_size import eval_size_warnings
-from flywheel.datasets.items import KINDS, History, Item, eligible_items
+from flywheel.datasets.items import KINDS, History, Item
 from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
 from flywheel.datasets.models import SKETCHER, DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.datasets.settings import dataset_settings
@@ -140,7 +140,7 @@ def _build(
     # Here: decontamination and sketches load numpy, which the version reads (`flywheel
     # dataset list`) skip.
     from flywheel.datasets.overlap import decontaminate, withhold_trained
-    from flywheel.datasets.sketches import ensure_sketches, with_sketches
+    from flywheel.datasets.sketches import ensure_sketches, sketched_items
 
     domain_lock(session, domain_id, "dataset-build")
     session.flush()  # the reads below run on the connection (Core rows: a third of the cost)
@@ -151,9 +151,7 @@ def _build(
         # earlier version or not (what they trained on keeps new eval items out). After it,
         # each build sketches the items it reads without one.
         ensure_sketches(session, domains, recipe.ngram)
-    eligible = with_sketches(
-        session, list(eligible_items(session, domain_id, recipe.ngram)), recipe.ngram
-    )
+    eligible = sketched_items(session, domain_id, recipe.ngram)
     history = History.load(session, domain_id)
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
@@ -299,7 +297,7 @@ def _mixed_items(
     (train is decontaminated against them too). Only groups that domain's own builds put in
     train are drawn from (its eval set stays unseen), never an item it ever evaluated on;
     drawn by content hash (the same items every time for the same share)."""
-    from flywheel.datasets.sketches import with_sketches  # numpy: only builds load it
+    from flywheel.datasets.sketches import sketched_items  # numpy: only builds load it
 
     items: list[Item] = []
     their_eval: list[Item] = []
@@ -313,9 +311,7 @@ def _mixed_items(
             )
         )
         evaluated = History.load(session, other).evaluated
-        for item in with_sketches(
-            session, list(eligible_items(session, other, recipe.ngram)), recipe.ngram
-        ):
+        for item in sketched_items(session, other, recipe.ngram):
             if item.group_key not in train_groups or (item.kind, item.id) in evaluated:
                 their_eval.append(item)  # or not yet placed: compared against, never drawn
             elif _drawn(f"mix:{other}", item, share):

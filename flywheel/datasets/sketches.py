@@ -10,7 +10,7 @@ signs an item's text again once it has one:
 
 Sketches live in this side table, filled for the items that lack one the first time a build
 needs them, rather than at item-write time, which would put dataset code into the signal
-writers: a build sketches the items it reads without one (`with_sketches`), and the first
+writers: a build sketches the items it reads without one (`sketched_items`), and the first
 build under new rules every item of its domains (`ensure_sketches`). They are keyed by item
 and n-gram length and stamped with `SKETCHER`, the version of the rules that made them: a
 change of normaliser, word hash or signature bumps it, and the next build deletes the stale
@@ -33,7 +33,14 @@ from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked
 from flywheel.datasets.decontamination import batch_grams
-from flywheel.datasets.items import KINDS, Item, ItemKind, text_and_key, text_columns
+from flywheel.datasets.items import (
+    KINDS,
+    Item,
+    ItemKind,
+    eligible_items,
+    text_and_key,
+    text_columns,
+)
 from flywheel.datasets.models import SKETCHER, ItemSketch
 from flywheel.db import utcnow
 from flywheel.errors import InvalidState
@@ -100,6 +107,12 @@ def ensure_sketches(session: Session, domain_ids: Iterable[uuid.UUID], n: int) -
                 _insert(session, kind, batch, n)
                 made += len(batch)
     return made
+
+
+def sketched_items(session: Session, domain_id: uuid.UUID, n: int) -> list[Item]:
+    """The domain's eligible items (`eligible_items`), each with its prompt key: those read
+    without a sketch by the current rules are sketched now (`with_sketches`)."""
+    return with_sketches(session, list(eligible_items(session, domain_id, n)), n)
 
 
 def with_sketches(session: Session, items: list[Item], n: int) -> list[Item]:
