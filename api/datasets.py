@@ -13,6 +13,7 @@ from api.openapi import READ_ERRORS, WRITE_ERRORS
 from api.schemas import DatasetVersionBuilt, DatasetVersionList, DatasetVersionRead, RecipeCreate
 from flywheel.datasets import service
 from flywheel.datasets.models import DatasetVersion
+from flywheel.datasets.versions import list_versions
 from flywheel.feedback.values import Name
 from flywheel.tenancy.service import Principal, Scope
 
@@ -31,7 +32,7 @@ async def list_datasets(
     """The domain's dataset versions, newest first: immutable, content-addressed snapshots
     with their recipe, split stats and lineage. Scope `data:read`."""
     versions = await in_transaction(
-        request, service.list_versions, tenant_id=principal.tenant_id, domain=domain
+        request, list_versions, tenant_id=principal.tenant_id, domain=domain
     )
     return DatasetVersionList(items=[_read(version, domain) for version in versions])
 

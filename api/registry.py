@@ -26,7 +26,7 @@ from flywheel.errors import NotFound
 from flywheel.feedback.values import Name
 from flywheel.registry import service, webhooks
 from flywheel.registry.mlflow_registry import MlflowRegistry, Registry
-from flywheel.registry.models import ModelVersion, PromotionEvent
+from flywheel.registry.models import CHAMPION, ModelVersion, PromotionEvent
 from flywheel.tenancy.service import Principal, Scope, get_domain
 
 router = APIRouter(prefix="/v1", tags=["models"])
@@ -180,7 +180,7 @@ def _read_champion(*, session: Session, tenant_id: uuid.UUID, domain: str) -> Ch
         domain=domain,
         registered_model=champion.registered_model,
         version=champion.version,
-        registry_uri=f"models:/{champion.registered_model}@{service.CHAMPION}",
+        registry_uri=f"models:/{champion.registered_model}@{CHAMPION}",
         adapter_uri=champion.adapter_uri,
         base_model=champion.base_model,
         model_version_id=champion.id,

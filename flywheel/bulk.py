@@ -70,7 +70,7 @@ def _copy_ignoring_conflicts(
         )
     )
     session.execute(text(f"TRUNCATE {staging}"))
-    is_json = [isinstance(table.c[column].type, JSON) for column in columns]
+    is_json = [_is_json(table.c[column].type) for column in columns]
     cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
     with cursor.copy(f"COPY {staging} ({names}) FROM STDIN") as copy:
         for row in rows:
@@ -144,10 +144,10 @@ def _copy_text(columns: list[str], writers: list[Writer], rows: list[dict[str, A
 
 def _text_writer(column_type: TypeEngine[Any]) -> Writer | None:
     """How a value of the column's type is written in COPY text, if it is one of these."""
+    if _is_json(column_type):
+        return _json_text
     if isinstance(column_type, TypeDecorator):
         column_type = column_type.impl_instance
-    if isinstance(column_type, JSON):
-        return _json_text
     if isinstance(column_type, Uuid):
         return _uuid_text
     if isinstance(column_type, DateTime):
@@ -155,6 +155,13 @@ def _text_writer(column_type: TypeEngine[Any]) -> Writer | None:
     if isinstance(column_type, String):  # Text too
         return _escaped
     return None
+
+
+def _is_json(column_type: TypeEngine[Any]) -> bool:
+    """Whether a column holds JSON: `flywheel.db.JsonType` (a decorator) or a plain `JSON`."""
+    if isinstance(column_type, TypeDecorator):
+        column_type = column_type.impl_instance
+    return isinstance(column_type, JSON)
 
 
 def _escaped(value: str) -> str:

@@ -119,11 +119,11 @@ def list_command(
     domain: str = DomainOption, tenant: str | None = TenantOption, as_json: bool = JsonOption
 ) -> None:
     """The domain's versions, newest first."""
-    from flywheel.datasets import service
+    from flywheel.datasets.versions import list_versions
 
     with database_session() as session:
         tenant_id = resolve_tenant_id(session, tenant)
-        versions = service.list_versions(session=session, tenant_id=tenant_id, domain=domain)
+        versions = list_versions(session=session, tenant_id=tenant_id, domain=domain)
         data = [_version_json(version, domain) for version in versions]
     lines = [
         f"v{item['version']}  {item['manifest_sha256'][:12]}  {item['created_at']}"
@@ -135,7 +135,7 @@ def list_command(
 
 def _version_json(version: DatasetVersion, domain: str) -> dict[str, Any]:
     """The version as an export's manifest describes it, keyed by `id` for the CLI."""
-    from flywheel.datasets.reader import version_manifest
+    from flywheel.datasets.versions import version_manifest
 
     summary = version_manifest(version, domain)
     return {"id": summary.pop("dataset_version_id"), **summary}

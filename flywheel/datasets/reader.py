@@ -25,6 +25,7 @@ from flywheel.datasets.export_records import (
 )
 from flywheel.datasets.items import KINDS
 from flywheel.datasets.models import DatasetMember, DatasetVersion
+from flywheel.datasets.versions import version_manifest
 from flywheel.errors import InvalidState
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
@@ -69,22 +70,6 @@ def version_streams(session: Session, version: DatasetVersion) -> dict[str, Item
             tasks=_tasks(session, version.id, split),
         )
         for split in SPLITS
-    }
-
-
-def version_manifest(version: DatasetVersion, domain: str) -> dict[str, Any]:
-    """What an export's manifest.json says of the version: enough to trace and rebuild it."""
-    return {
-        "dataset_version_id": str(version.id),
-        "domain": domain,
-        "version": version.version,
-        "manifest_sha256": version.manifest_sha256,
-        "eval_sha256": version.eval_sha256,
-        "recipe": version.recipe,
-        "stats": version.stats,
-        "parent_id": str(version.parent_id) if version.parent_id else None,
-        "created_at": version.created_at.isoformat(),
-        "tainted_at": version.tainted_at.isoformat() if version.tainted_at else None,
     }
 
 

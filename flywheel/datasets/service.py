@@ -54,6 +54,7 @@ from flywheel.datasets.manifest import manifest_hashes, order_items, split_count
 from flywheel.datasets.models import SKETCHER, DatasetGroup, DatasetMember, DatasetVersion
 from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
+from flywheel.datasets.versions import latest_version
 from flywheel.db import domain_lock, utcnow
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.signals.models import (
@@ -207,18 +208,6 @@ def build_for(
     )
 
 
-def list_versions(*, session: Session, tenant_id: uuid.UUID, domain: str) -> list[DatasetVersion]:
-    """The domain's versions, newest first."""
-    domain_id = get_domain(session, tenant_id, domain).id
-    return list(
-        session.scalars(
-            select(DatasetVersion)
-            .where(DatasetVersion.domain_id == domain_id)
-            .order_by(DatasetVersion.version.desc())
-        )
-    )
-
-
 def versions_holding(
     session: Session, member_column: str, item_ids: list[uuid.UUID]
 ) -> set[uuid.UUID]:
@@ -257,16 +246,6 @@ def get_version(session: Session, domain: Domain, number: int) -> DatasetVersion
             f"v{number} (flywheel dataset build --domain {domain.name})"
         )
     return found
-
-
-def latest_version(
-    *, session: Session, domain_id: uuid.UUID, is_untainted: bool = False
-) -> DatasetVersion | None:
-    """The domain's newest version (with `is_untainted`, its newest untainted one)."""
-    query = select(DatasetVersion).where(DatasetVersion.domain_id == domain_id)
-    if is_untainted:
-        query = query.where(DatasetVersion.tainted_at.is_(None))
-    return session.scalars(query.order_by(DatasetVersion.version.desc()).limit(1)).first()
 
 
 def _is_same_recipe(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:

@@ -51,7 +51,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.reader import export_dataset_version, version_item_labels
-from flywheel.datasets.service import latest_version
+from flywheel.datasets.versions import latest_version
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput, InvalidState, NotFound, RegistryUnavailable
 from flywheel.evaluation.gate import (

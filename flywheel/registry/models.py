@@ -13,6 +13,8 @@ from flywheel.db import Base, IdMixin, JsonType
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "skipped")
 ACTIVE_CYCLE = "method = 'cycle' AND status = 'running'"
+CHAMPION = "champion"  # the registry's aliases (and promotion events' `alias`)
+CHALLENGER = "challenger"
 
 
 class Run(IdMixin, Base):

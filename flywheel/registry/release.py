@@ -28,10 +28,8 @@ from sqlalchemy.orm import Session
 
 from flywheel.errors import InvalidInput
 from flywheel.registry.mlflow_registry import Registry
-from flywheel.registry.models import ModelVersion, PromotionEvent
+from flywheel.registry.models import CHALLENGER, CHAMPION, ModelVersion, PromotionEvent
 from flywheel.registry.service import (
-    CHALLENGER,
-    CHAMPION,
     _take_turn,
     current_champion,
     drop_challenger_alias,

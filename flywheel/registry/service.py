@@ -26,17 +26,12 @@ from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked
-from flywheel.datasets.service import latest_version
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, NotFound
-from flywheel.registry import webhooks
 from flywheel.registry.mlflow_registry import Registry
-from flywheel.registry.models import ModelVersion, PromotionEvent, Run
+from flywheel.registry.models import CHALLENGER, CHAMPION, ModelVersion, PromotionEvent, Run
 from flywheel.tenancy.models import Domain, Tenant
 from flywheel.tenancy.service import get_domain
-
-CHAMPION = "champion"
-CHALLENGER = "challenger"
 
 
 def registered_model_name(session: Session, domain: Domain) -> str:
@@ -207,6 +202,8 @@ def _require_current_verdict(
     """A passed gate counts only against today's rival on today's eval set: a version that once
     beat the base (or an older champion, or an older eval set) may be worse than the champion
     now. Conflict, naming the fix, when the verdict is stale."""
+    from flywheel.datasets.versions import latest_version  # its model: not for `models list`
+
     verdict = target.gate_result
     rival = str(current.id) if current else None
     evaluation = latest_version(session=session, domain_id=domain.id, is_untainted=True)
@@ -306,6 +303,8 @@ def _move(
     )
     session.add(event)
     session.flush()  # the record first: an MLflow failure below rolls it back
+    from flywheel.registry import webhooks  # pydantic's URL checks: not for `models list`
+
     webhooks.enqueue(session, event=event, target=target, current=current)  # same transaction
     registry.set_alias(target.registered_model, CHAMPION, target.version)
     drop_challenger_alias(registry, target)  # it is no longer a challenger

@@ -15,7 +15,7 @@ domain's run is made first, in a savepoint that a lost claim rolls back). A peri
 passed while no worker ran is not caught up: only the latest one is decided.
 
 Set-based, for hundreds of domains: one query reads the domains, one the decided periods,
-one every domain's new-signal count (`runs.new_signal_counts`), one the champions, and one
+one every domain's new-signal count (`champions.new_signal_counts`), one the champions, and one
 bulk insert claims every skipped period; a domain with too little new signal costs no query
 of its own, and a tick whose periods are all decided (every minute but one a week) costs
 two. Only a domain that gets a cycle costs its own few (its run, its claim, its job).
@@ -39,9 +39,10 @@ from flywheel.bulk import insert_ignoring_conflicts
 from flywheel.db import utcnow
 from flywheel.errors import Conflict, FlywheelError
 from flywheel.registry.models import Run
+from flywheel.scheduling.champions import Champion, champions, new_signal_counts
 from flywheel.scheduling.config import CycleSettings, cycle_settings
 from flywheel.scheduling.models import ScheduledCycle
-from flywheel.scheduling.runs import Champion, champions, new_signal_counts, queue_domain_cycle
+from flywheel.scheduling.runs import queue_domain_cycle
 from flywheel.tenancy.models import Domain
 
 log = logging.getLogger(__name__)

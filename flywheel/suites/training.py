@@ -21,7 +21,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.items import prompt_keys
 from flywheel.datasets.models import DatasetVersion
-from flywheel.datasets.service import build_dataset_version, latest_version
+from flywheel.datasets.service import build_dataset_version
+from flywheel.datasets.versions import latest_version
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput, InvalidState
 from flywheel.registry.mlflow_registry import MlflowRegistry

@@ -31,7 +31,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.reader import export_dataset_version, refuse_tainted
-from flywheel.datasets.service import latest_version
+from flywheel.datasets.versions import latest_version
 from flywheel.db import unit_of_work, utcnow
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.observability import subprocess_output

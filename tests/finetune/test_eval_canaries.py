@@ -17,7 +17,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from finetune import synthetic, tiny
 from finetune.canaries import eval_canaries
 from flywheel.datasets.reader import version_lineage
-from flywheel.datasets.service import DatasetRecipe, build_dataset_version, latest_version
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version
+from flywheel.datasets.versions import latest_version
 from flywheel.db import unit_of_work
 from flywheel.evaluation.gate import Evaluation, GatePolicy, decide
 from flywheel.evaluation.service import EvalRequest, _with_canary_rule, evaluate_version

@@ -20,8 +20,9 @@ from mlflow.tracking import MlflowClient
 from sqlalchemy import select, text
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.service import DatasetRecipe, build_dataset_version, latest_version
+from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.datasets.split import position_of
+from flywheel.datasets.versions import latest_version
 from flywheel.db import unit_of_work
 from flywheel.errors import Conflict, NotFound, RegistryUnavailable
 from flywheel.models import Domain, ModelVersion, PromotionEvent, Run, SftExample
