@@ -6,10 +6,10 @@ import uuid
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text, UniqueConstraint, text
+from sqlalchemy import CheckConstraint, ForeignKey, Index, String, Text, UniqueConstraint
 from sqlalchemy.orm import Mapped, mapped_column
 
-from flywheel.db import Base, IdMixin, JsonType
+from flywheel.db import Base, IdMixin, JsonType, partial_index
 
 RUN_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled", "skipped")
 ACTIVE_CYCLE = "method = 'cycle' AND status = 'running'"
@@ -33,13 +33,7 @@ class Run(IdMixin, Base):
         ),
         Index(None, "domain_id", "created_at"),
         # One running cycle per domain, whichever process (worker or `flywheel cycle`) runs it.
-        Index(
-            "uq_runs_running_cycle",
-            "domain_id",
-            unique=True,
-            postgresql_where=text(ACTIVE_CYCLE),
-            sqlite_where=text(ACTIVE_CYCLE),
-        ),
+        partial_index("uq_runs_running_cycle", "domain_id", where=ACTIVE_CYCLE, unique=True),
     )
 
     tenant_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("tenants.id", ondelete="CASCADE"))

@@ -12,6 +12,7 @@ from alembic.script import ScriptDirectory
 from sqlalchemy import create_engine, inspect, pool, text
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.schema import CreateIndex
 
 from flywheel import migrate
 from flywheel.db import unit_of_work
@@ -94,6 +95,35 @@ def test_the_migrated_schema_has_the_models_names(empty_database: str) -> None:
             assert found == named | {index.name for index in table.indexes}, table.name
     finally:
         engine.dispose()
+
+
+def test_partial_indexes_are_partial_in_the_models_and_the_database(empty_database: str) -> None:
+    """A model's partial index gets PostgreSQL's clause on the first PostgreSQL connection
+    (`flywheel.db.partial_index`), not when it is imported: the index the models would create
+    on the connected database, and the one the migrations made, both keep their WHERE."""
+    migrate.upgrade(empty_database)
+    engine = create_engine(empty_database, poolclass=pool.NullPool)
+    stored_indexes = {
+        "postgresql": "SELECT indexname, indexdef FROM pg_indexes",
+        "sqlite": "SELECT name, sql FROM sqlite_master WHERE type = 'index' AND sql IS NOT NULL",
+    }
+    try:
+        with engine.connect() as connection:
+            dialect = connection.dialect
+            stored = dict(connection.execute(text(stored_indexes[dialect.name])).all())
+    finally:
+        engine.dispose()
+    partial = [
+        index
+        for table in Base.metadata.tables.values()
+        for index in table.indexes
+        if index.dialect_options["sqlite"]["where"] is not None
+    ]
+
+    assert len(partial) == 9  # runs' one running cycle; set_index's item and duplicate links
+    for index in partial:
+        assert " WHERE " in str(CreateIndex(index).compile(dialect=dialect)), index.name
+        assert " WHERE " in stored[str(index.name)], index.name
 
 
 def test_every_constraint_is_named_by_the_convention(database_url: str) -> None:
