@@ -110,7 +110,9 @@ def test_partial_indexes_are_partial_in_the_models_and_the_database(empty_databa
     try:
         with engine.connect() as connection:
             dialect = connection.dialect
-            stored = dict(connection.execute(text(stored_indexes[dialect.name])).all())
+            stored: dict[str, str] = dict(
+                connection.execute(text(stored_indexes[dialect.name])).all()
+            )
     finally:
         engine.dispose()
     partial = [
