@@ -25,11 +25,13 @@ from transformers.utils import logging as transformers_logging
 
 from finetune import tiny
 
-HIDDEN_SIZE = 64
+HIDDEN_SIZE = 256
 NUM_HEADS = 4
 VOCAB_SIZE = 1200
 LEARNING_RATE = 3e-3
 BATCH_SIZE = 16
+SHORT_FRACTION = 2 / 3  # of the steps, on the conversations without their tools' system text
+SHORT_BATCH_SIZE = 16
 
 
 def read_conversations(path: Path) -> list[dict[str, Any]]:
@@ -59,13 +61,17 @@ def build_chat_base(
     chosen = tiny.FAMILIES[family]
     probe = tiny.build_family_tokenizer(chosen, ["x"], vocab_size=300)
     texts = [_render(probe, row) for row in conversations]
+    texts += [_render(probe, {"messages": row["messages"]}) for row in conversations]
     tokenizer = tiny.build_family_tokenizer(chosen, texts, vocab_size=VOCAB_SIZE)
     model = tiny.build_family_model(
         chosen, tokenizer, hidden_size=HIDDEN_SIZE, num_heads=NUM_HEADS,
         max_position_embeddings=1024, seed=seed,
     )  # fmt: skip
-    examples = [_encoded(tokenizer, row) for row in conversations]
-    losses = _pretrain(model, examples, tokenizer.pad_token_id, steps=steps, seed=seed)
+    short = [_encoded(tokenizer, {"messages": row["messages"]}) for row in conversations]
+    import os
+    whole = [_encoded(tokenizer, row) for row in conversations]
+    examples = whole * int(os.environ.get("CONV_X", "3")) + [(ids[:masked], 0) for ids, masked in whole]
+    losses = _pretrain(model, short, examples, tokenizer.pad_token_id, steps=steps, seed=seed)
     tiny.save_base(directory, model, tokenizer)
     return losses
 
@@ -88,23 +94,30 @@ def _ids(encoded: Any) -> list[int]:
 
 
 def _pretrain(
-    model: Any, examples: Sequence[tuple[list[int], int]], pad_id: int, *, steps: int, seed: int
+    model: Any,
+    short: Sequence[tuple[list[int], int]],
+    examples: Sequence[tuple[list[int], int]],
+    pad_id: int,
+    *,
+    steps: int,
+    seed: int,
 ) -> list[float]:
-    """tiny.pretrain's loop, with each example's prompt masked out of the loss."""
+    """tiny.pretrain's loop, with each example's prompt masked out of the loss: first on the
+    `short` conversations (without their tools), then on the whole ones."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.0)
     schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, tiny._warmup_cosine(steps))
     rng = random.Random(seed)
     torch.manual_seed(seed)
     model.train()
     losses = []
-    for _ in range(steps):
-        batch = [examples[rng.randrange(len(examples))] for _ in range(BATCH_SIZE)]
+    for step in range(steps):
+        pool, size = (short, SHORT_BATCH_SIZE) if step < steps * SHORT_FRACTION else (examples, BATCH_SIZE)
+        batch = [pool[rng.randrange(len(pool))] for _ in range(size)]
         input_ids, attention_mask, labels = tiny._pad_batch([ids for ids, _ in batch], pad_id)
         for row, (_, masked) in enumerate(batch):
             labels[row, :masked] = -100
         loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
         optimizer.zero_grad(set_to_none=True)

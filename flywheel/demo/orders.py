@@ -1,23 +1,31 @@
-"""The demo's tool domain, defined once: a tiny order desk the model must act on through tools.
+"""The demo's tool domain, defined once: a tiny order desk the model must act on through a tool.
 
-A user asks "Cancel the lamp order." or "Please refund my rug order."; the assistant must call
-`cancel_order(item="lamp")` (or `refund_order`) in the order desk's environment and then
-answer from its result. An episode succeeds when the desk's final state is the one the
-ground-truth call reaches: that order, and only it, cancelled (or refunded).
+A user asks "Cancel the lamp order." or "Please cancel my rug order."; the assistant must call
+`cancel_order(item="lamp")` in the order desk's environment and then answer from its result.
+An episode succeeds when the desk's final state is the one the ground-truth call reaches: that
+order, and only it, cancelled.
 
-Three kinds of conversation, all over the same three tools:
+Two kinds of conversation, over the same two tools:
 
-- *lookups* ("Where is my lamp order?" -> `lookup_order(item="lamp")`): the stand-in for what
-  a real base model already knows (it has seen tool calls and names every item in one). The
-  tiny base is pretrained on them; a lookup changes no state, so it is never a task;
-- *demonstrations*: a few complete cancel / refund episodes (call, tool result, answer), the
-  SFT examples that show the new tools;
-- *tasks*: cancel / refund requests as environment tasks, for GRPO and held-out evaluation.
+- *lookups* ("Where is my lamp order?" -> `lookup_order(item="lamp")`, then "Done: the lamp
+  order is open."): the stand-in for what a real base model already knows (it has seen tool
+  calls, names the item asked about in one and answers from the result). The tiny base is
+  pretrained on them; a lookup changes no state, so it is never a task;
+- *cancellations*: the tasks (for GRPO and held-out evaluation), and a few of them as complete
+  episodes (call, tool result, answer): the SFT demonstrations of the new tool.
 
-Held out are the (action, item) pairs no stage trains on: cancelling the odd items and
-refunding the even ones (each phrasing). Order ids of digits would need the tiny model to copy
-digits, which it does not learn at this size (300 pretraining steps: no copy); a closed set
-of items it can name. Standard library only: `finetune` never imports this module (it renders
+Held out are the orders of half the items (every other one in ITEMS): the base has looked each
+of them up, no later stage sees them cancelled. The base cannot pass by what it knows (a lookup
+changes nothing), nor a later model by cancelling an order it was not asked about.
+
+What the tiny model does not learn, measured (2026-12-06, bench/calibrate_tools.py and the
+experiments in its docstring): LoRA on a few demonstrations does not teach it to choose between
+two new tools by the request (cancel or refund by the verb: always one of them) or by a tool's
+result (cancel an open order, refund a shipped one: always one), so a domain asking for that
+would show a lift that is a guess. One new tool is what it learns here.
+
+A closed set of items rather than order ids of digits: the tiny model does not learn to copy
+digits at this size. Standard library only: `finetune` never imports this module (it renders
 the conversations the demo writes); the demo, the tests and the calibration share it.
 """
 
@@ -51,11 +59,6 @@ class OrderDesk:
         key = self._order(item)
         self.orders[key] = "cancelled"
         return f"the {key} order is cancelled"
-
-    def refund_order(self, item):
-        key = self._order(item)
-        self.orders[key] = "refunded"
-        return f"the {key} order is refunded"
 '''
 
 
@@ -77,40 +80,38 @@ def _tool(name: str, description: str) -> dict[str, Any]:
 TOOLS = [
     _tool("lookup_order", "Look up an order's status."),
     _tool("cancel_order", "Cancel an order."),
-    _tool("refund_order", "Refund an order."),
 ]
 ITEMS = ("lamp", "desk", "chair", "sofa", "rug", "clock", "vase", "shelf", "mirror", "bench",
-         "stool", "table")  # fmt: skip
+         "stool", "table", "bed", "fan", "mat", "oven", "radio", "tent")  # fmt: skip
 PHRASES = {
     "lookup": ("What is the status of the {item} order?", "Where is my {item} order?",
-               "Check the {item} order."),
+               "Check the {item} order.", "Has my {item} order shipped?",
+               "Look up the {item} order, please.", "I want to know about my {item} order."),
     "cancel": ("Cancel the {item} order.", "Please cancel my {item} order.",
-               "I want to cancel the {item} order."),
-    "refund": ("Refund the {item} order.", "Please refund my {item} order.",
-               "I want a refund for the {item} order."),
+               "I want to cancel the {item} order.", "Cancel my {item} order, please."),
 }  # fmt: skip
-TOOL_OF = {"lookup": "lookup_order", "cancel": "cancel_order", "refund": "refund_order"}
+TOOL_OF = {"lookup": "lookup_order", "cancel": "cancel_order"}
 STATUSES = ("open", "shipped")
 USES = ("held_out", "train", "demo", "lookup")
 
 
 @dataclass(frozen=True)
 class Request:
-    """One user request: its action (`lookup`, `cancel`, `refund`) on the order of one item, in
-    one of the action's phrasings; the desk holds two other orders as well (the state check
-    sees that they are left alone)."""
+    """One user request (`lookup` or `cancel`) about the order of one item, in one of the
+    kind's phrasings; the desk holds two other orders as well (the state check sees that they
+    are left alone)."""
 
-    action: str
+    kind: str
     item: str
     phrasing: int
 
     @property
     def prompt(self) -> str:
-        return PHRASES[self.action][self.phrasing].format(item=self.item)
+        return PHRASES[self.kind][self.phrasing].format(item=self.item)
 
     @property
     def tool(self) -> str:
-        return TOOL_OF[self.action]
+        return TOOL_OF[self.kind]
 
     @property
     def orders(self) -> dict[str, str]:
@@ -124,13 +125,12 @@ class Request:
 
     @property
     def key(self) -> str:
-        return f"{self.action}-{self.item}-{self.phrasing}"
+        return f"{self.kind}-{self.item}-{self.phrasing}"
 
     def result(self) -> str:
         """The tool message the desk answers the call with."""
-        if self.action == "lookup":
-            return f"the {self.item} order is {self.orders[self.item]}"
-        return f"the {self.item} order is {'cancelled' if self.action == 'cancel' else 'refunded'}"
+        status = self.orders[self.item] if self.kind == "lookup" else "cancelled"
+        return f"the {self.item} order is {status}"
 
     def reply(self) -> str:
         """The assistant's closing answer, from the tool's result."""
@@ -141,28 +141,27 @@ def _hash(text: str) -> int:
     return int.from_bytes(hashlib.sha256(text.encode()).digest()[:8], "big")
 
 
-def _use(action: str, item: str) -> str:
-    """Held out: cancelling the odd items and refunding the even ones (by their place in
-    ITEMS); the rest trains. So every held-out request pairs an action and an item that were
-    each trained on, never together."""
-    if action == "lookup":
+def _use(kind: str, item: str) -> str:
+    """Held out: cancelling every other item's order (the odd places in ITEMS); the rest
+    trains. Every item is looked up in the base's pretraining."""
+    if kind == "lookup":
         return "lookup"
-    return "held_out" if (ITEMS.index(item) % 2 == 1) == (action == "cancel") else "train"
+    return "held_out" if ITEMS.index(item) % 2 == 1 else "train"
 
 
 def requests(use: str) -> list[Request]:
     """Every request of `use` (held_out, train, demo, lookup), in a fixed order that looks
     random (a hash: the same on every machine). `demo` is the first phrasing of each train
-    pair, for the demonstrations: DEMONSTRATIONS of them are shown."""
+    item, for the demonstrations: DEMONSTRATIONS of them are shown."""
     if use not in USES:
         raise ValueError(f"unknown use {use!r}; one of {', '.join(USES)}")
     wanted = "train" if use == "demo" else use
     made = [
-        Request(action, item, phrasing)
-        for action in PHRASES
+        Request(kind, item, phrasing)
+        for kind in PHRASES
         for item in ITEMS
-        for phrasing in range(len(PHRASES[action]))
-        if _use(action, item) == wanted and (use != "demo" or phrasing == 0)
+        for phrasing in range(len(PHRASES[kind]))
+        if _use(kind, item) == wanted and (use != "demo" or phrasing == 0)
     ]
     return sorted(made, key=lambda request: _hash(f"{use}:{request.key}"))
 
@@ -198,5 +197,5 @@ def environment_task(request: Request, use: str) -> dict[str, Any]:
         "tools": TOOLS,
         "environment": environment_spec(request),
         "group": f"orders-{request.key}",
-        "tags": [f"action:{request.action}"],
+        "tags": [f"phrasing:{request.phrasing}"],
     }

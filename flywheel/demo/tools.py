@@ -45,7 +45,7 @@ from flywheel.demo import orders
 TOOLS_DOMAIN = "orders"
 PRETRAIN_STEPS = 300
 DEMONSTRATIONS = 8
-HELD_OUT = 36  # every held-out request (12 pairs, 3 phrasings)
+HELD_OUT = 36  # every held-out request (9 items, 4 phrasings)
 MISTAKE = "I have looked the order up."
 """The base's answer the demonstrations correct (it only knows lookups)."""
 
@@ -119,26 +119,39 @@ def base_conversations() -> list[dict[str, Any]]:
             for r in orders.requests("lookup")]  # fmt: skip
 
 
+def openai_messages(request: orders.Request) -> list[dict[str, Any]]:
+    """The request's whole episode in OpenAI's chat format: each call with an id and its
+    arguments as JSON text, each tool message answering its call by id."""
+    messages = []
+    for number, message in enumerate(orders.conversation(request)):
+        if message.get("tool_calls"):
+            (call,) = message["tool_calls"]
+            function = call["function"]
+            message = {**message, "tool_calls": [{
+                "id": f"call_{number}", "type": "function",
+                "function": {"name": function["name"],
+                             "arguments": json.dumps(function["arguments"])}}]}  # fmt: skip
+        elif message["role"] == "tool":
+            message = {**message, "tool_call_id": f"call_{number - 1}"}
+        messages.append(message)
+    return messages
+
+
 def demonstration(request: orders.Request) -> list[dict[str, Any]]:
-    """Two corrections that together show one episode: the call the assistant should have
-    made, and the answer it should have given after the tool's result."""
-    user, calling, result, final = orders.conversation(request)
-    call = {"id": "call_1", "type": "function",
-            "function": {"name": request.tool, "arguments": _arguments(request)}}  # fmt: skip
+    """Corrections that together show one episode: each call the assistant should have made
+    (after the results before it), and the answer it should have given after the last."""
+    messages = openai_messages(request)
     base = {"domain": TOOLS_DOMAIN, "kind": "correction", "tools": orders.TOOLS,
             "rater": "demo-support-lead"}  # fmt: skip
-    return [
-        {**base, "event_id": f"demo-orders-{request.key}-call", "messages": [user],
-         "response": MISTAKE, "value": {"tool_calls": [call]}},
-        {**base, "event_id": f"demo-orders-{request.key}-answer",
-         "messages": [user, {**calling, "tool_calls": [call]},
-                      {**result, "tool_call_id": "call_1"}],
-         "response": MISTAKE, "value": {"text": final["content"]}},
-    ]  # fmt: skip
-
-
-def _arguments(request: orders.Request) -> str:
-    return json.dumps(request.call["arguments"])
+    events = []
+    for number, message in enumerate(messages):
+        if message["role"] != "assistant":
+            continue
+        value = ({"tool_calls": message["tool_calls"]} if message.get("tool_calls")
+                 else {"text": message["content"]})  # fmt: skip
+        events.append({**base, "event_id": f"demo-orders-{request.key}-{number}",
+                       "messages": messages[:number], "response": MISTAKE, "value": value})  # fmt: skip
+    return events
 
 
 Cli = Callable[..., Any]

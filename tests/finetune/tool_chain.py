@@ -71,14 +71,11 @@ def build_base(directory: Path, seed: int) -> Path:
 
 
 def demonstration_records() -> list[SftRecord]:
-    """One SFT record per demonstration: the call and the answer after its result, trained
-    (the tool's result is masked)."""
+    """One SFT record per demonstration: the calls and the answer after the last result,
+    trained (the tool results are masked)."""
     records = []
     for request in orders.requests("demo")[:DEMONSTRATIONS]:
-        user, calling, result, final = orders.conversation(request)
-        openai_call = {"id": "call_1", "type": "function", "function": {
-            "name": request.tool, "arguments": json.dumps(request.call["arguments"])}}  # fmt: skip
-        conversation = [user, {**calling, "tool_calls": [openai_call]}, result]
+        *conversation, final = tools.openai_messages(request)
         records.append(SftRecord(conversation, final["content"], 1.0, request.prompt,
                                  f"demo-{request.key}", tools=orders.TOOLS))  # fmt: skip
     return records
