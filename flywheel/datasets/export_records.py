@@ -205,12 +205,17 @@ def _json_or_none(text: object) -> object:
 
 
 def checked_tools(tools: object, item_id: str) -> list[dict[str, Any]] | None:
-    """The record's tools as OpenAI function tools, or None when it has none."""
+    """The record's tools as OpenAI function tools, or None when it has none; their keys in
+    sorted order at every depth, as task rows write them. A chat template renders a tool's
+    keys in the order it is given them, and the database decides that order (PostgreSQL's
+    JSONB sorts keys by length, SQLite keeps them as written): in one order, the same domain's
+    tools are the same prompt text in every row and on every database."""
     if tools is None:
         return None
     if not isinstance(tools, Sequence) or not all(_is_function_tool(tool) for tool in tools):
         raise refuse(item_id, "tools must be a list of function tools {type, function{name}}")
-    return [dict(tool) for tool in tools]
+    canonical: list[dict[str, Any]] = json.loads(json.dumps(list(tools), sort_keys=True))
+    return canonical
 
 
 def _is_function_tool(tool: object) -> bool:

@@ -9,8 +9,11 @@ adapter in a subprocess, evaluating it against the champion (or the base) and pr
 when the gate passes. Between the turns, simulated users ask additions through the gateway
 (`flywheel gateway --backend local`, the champion answering) and rate each answer through the
 REST API (`flywheel serve`): that feedback is part of what the second turn trains on
-(`flywheel.demo.traffic`). It ends with a summary table (the held-out metric of each version
-next to its live thumbs-up rate) and an HTML report (`<dir>/report.html`).
+(`flywheel.demo.traffic`). Then a tool domain (`orders`, flywheel.demo.tools): a second tiny
+base, which knows how to look an order up, learns to cancel one through a tool in a sandboxed
+environment (SFT on a few demonstrations, then GRPO in the environment). It ends with a
+summary table (the held-out metric of each version next to its live thumbs-up rate, and the
+tool domain's held-out success before and after) and an HTML report (`<dir>/report.html`).
 
 Every step is a real `flywheel` command run in this process (`flywheel.cli.main`), so the
 demo walks the same paths a user does.
@@ -44,6 +47,7 @@ from flywheel.demo.data import (
     write_repository,
     write_support,
 )
+from flywheel.demo.tools import run_tools_domain, tool_rows
 from flywheel.demo.traffic import Services, ask_and_rate, live_services, round_summary
 from flywheel.errors import InvalidInput, InvalidState
 
@@ -60,6 +64,7 @@ class Demo:
     cycles: list[dict[str, Any]] = field(default_factory=list)
     ingested: dict[str, Any] = field(default_factory=dict)
     live: list[dict[str, Any]] = field(default_factory=list)  # each round of live traffic
+    tools: dict[str, Any] = field(default_factory=dict)  # the tool domain's run
 
     @property
     def home(self) -> Path:
@@ -84,7 +89,7 @@ def run_demo(directory: Path, *, quick: bool) -> Demo:
     demo.directory.mkdir(parents=True, exist_ok=True)
     _use_workspace(demo)
     plan = arithmetic_plan(quick=quick)  # calibrated: see flywheel/demo/data.py
-    total = 10
+    total = 11
     with _stage(demo, 1, total, "workspace: embedded database and MLflow store"):
         key = _setup(demo, plan)
     with _stage(demo, 2, total, "tiny base model: pretrained on additions without a carry"):
@@ -108,7 +113,9 @@ def run_demo(directory: Path, *, quick: bool) -> Demo:
             demo.cycles.append(_cycle())
         with _stage(demo, 9, total, "live traffic again: the new champion answers"):
             demo.live.append(_live_round(demo, services, key, 2))
-    with _stage(demo, 10, total, "report"):
+    with _stage(demo, 10, total, "tool domain: a tiny model learns to cancel orders by a tool"):
+        demo.tools = run_tools_domain(_cli, demo.directory, demo.home, TENANT, quick=quick)
+    with _stage(demo, 11, total, "report"):
         _cli("report", "--domain", ARITHMETIC_DOMAIN, "--tenant", TENANT,
              "--out", str(demo.directory / "report.html"))  # fmt: skip
     return demo
@@ -237,10 +244,11 @@ def demo_command(directory: Path, *, quick: bool, as_json: bool) -> None:
         "cycles": cycle_rows(demo.cycles),
         "live": demo.live,
         "versions": versions,
+        "tools": tool_rows(demo.tools),
     }
     if as_json:
         emit(data, as_json=True, text="")
         return
     console = Console() if sys.stdout.isatty() else Console(width=120)  # a log: room for it
-    print_summary(console, counts, demo.cycles, versions)
+    print_summary(console, counts, demo.cycles, versions, data["tools"])
     console.print(f"report: {data['report']}  ({data['seconds']:.0f} s in all)")

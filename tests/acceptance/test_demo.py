@@ -1,7 +1,8 @@
 """`flywheel demo --quick`, as a new user runs it: a fresh process, an empty directory, the
 embedded default (nothing configured). It must end with a promoted adapter whose held-out
 metric beats what it was measured against, live traffic through the gateway rated per version,
-and a report."""
+a tool domain whose promoted adapter cancels held-out orders the base never could, and a
+report."""
 
 from __future__ import annotations
 
@@ -58,6 +59,15 @@ def test_the_quick_demo_promotes_an_adapter_that_learned(tmp_path: Path) -> None
         assert live[f"v{version}"]["live_rated"] == 60 * rounds, live
         assert 0 <= live[f"v{version}"]["live_thumbs_up_rate"] <= 1
     assert domains["arithmetic"]["interactions"] == 120
+    # the tool domain: the base never cancels an order; what the cycle trained does, through
+    # the gate (tests/finetune/test_demo_tools.py holds the calibrated learning thresholds)
+    base, sft, grpo = summary["tools"]
+    assert base["held_out_success"] == 0.0, summary["tools"]
+    assert grpo["held_out_success"] >= 0.3, summary["tools"]
+    assert sft["held_out_success"] is not None, summary["tools"]
+    assert grpo["gate"] == "passed", summary["tools"]
+    assert grpo["promoted"] is True, summary["tools"]
+    assert domains["orders"]["champion"] == grpo["version"]
     report = Path(summary["report"]).read_text(encoding="utf-8")
     assert report.count("<svg") >= 2  # loss curves and held-out metrics
     assert "v1" in report

@@ -95,7 +95,8 @@ def held_out_rows() -> list[dict[str, Any]]:
     """Held-out tasks as evaluation rows (the export's JSON-text cells, as evaluate reads)."""
     return [
         {"item_id": line["task_id"], "task_kind": "environment", "prompt": line["prompt"],
-         "tools": json.dumps(line["tools"]), "environment": json.dumps(line["environment"])}
+         "tools": json.dumps(line["tools"], sort_keys=True),
+         "environment": json.dumps(line["environment"], sort_keys=True)}
         for line in (orders.environment_task(r, "held_out")
                      for r in orders.requests("held_out"))
     ]  # fmt: skip

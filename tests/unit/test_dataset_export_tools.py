@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from flywheel.errors import InvalidInput
-from tests.unit.test_dataset_export import ItemStreams, export, lines, pair, sft
+from tests.unit.test_dataset_export import ItemStreams, export, lines, pair, sft, task
 
 TOOLS: list[dict[str, Any]] = [
     {
@@ -72,6 +72,29 @@ def test_openai_rows_keep_json_string_arguments_and_tools(tmp_path: Path) -> Non
     }
     (preference,) = lines(tmp_path / "export/train/preference.jsonl")
     assert preference["input"] == {"messages": CONVERSATION, "tools": TOOLS}
+
+
+def test_every_rows_tools_are_written_in_one_key_order(tmp_path: Path) -> None:
+    """A conversation's tools and a task's tools render the same text through a chat template
+    (which writes keys in the order it is given them) whatever order the database returns their
+    keys in (PostgreSQL's JSONB sorts them by length, SQLite keeps them): a model trained on
+    one and evaluated on the other saw the same prompt. Task rows sorted their keys already."""
+    shuffled = [{"function": {"parameters": TOOLS[0]["function"]["parameters"],
+                              "name": "lookup_invoice", "description": "Find an invoice."},
+                 "type": "function"}]  # fmt: skip
+    tasks = [task("t1", task_kind="tool_call", entry_point=None, hidden_tests=None,
+                  visible_tests=None, reference_solution=None, tools=TOOLS,
+                  expected_calls=[{"name": "lookup_invoice", "arguments": {}}])]  # fmt: skip
+    conversation = sft("s1", messages=CONVERSATION, tools=shuffled)
+    streams = ItemStreams(sft=[conversation], tasks=tasks,
+                          pairs=[pair("p1", messages=CONVERSATION, tools=TOOLS)])  # fmt: skip
+    export(tmp_path, "trl", train=streams)
+
+    (row,) = lines(tmp_path / "export/train/sft.jsonl")
+    (dpo,) = lines(tmp_path / "export/train/dpo.jsonl")
+    (grpo,) = lines(tmp_path / "export/train/grpo.jsonl")
+    texts = {json.dumps(row["tools"]), json.dumps(dpo["tools"]), grpo["tools"]}
+    assert texts == {json.dumps(TOOLS, sort_keys=True)}
 
 
 def test_records_without_tools_write_no_tools_column(tmp_path: Path) -> None:
