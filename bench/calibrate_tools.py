@@ -5,7 +5,7 @@
 A script, not a test. The chain, its settings and the thresholds are tests/finetune/tool_chain.py's,
 the module tests/finetune/test_demo_tools.py runs, so what this prints is what the test asserts
 on. Per seed: held-out environment success of the base (pretrained on lookups only), of SFT on
-a few cancel/refund demonstrations, of GRPO in the sandboxed order desk on top of SFT, and of
+a few cancellation demonstrations, of GRPO in the sandboxed order desk on top of SFT, and of
 the GRPO model with its adapter off (== SFT); wall seconds per phase. Then each threshold
 against the worst seed, with its margin (negative: the test would fail).
 """

@@ -40,11 +40,14 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
+from rich.console import Console
+from rich.progress import Progress, TaskID, TextColumn, TimeElapsedColumn
 from transformers.utils import logging as transformers_logging
 
 from finetune import tiny
@@ -83,8 +86,10 @@ def build_chat_base(
     family: str = "qwen2_5",
     steps: int,
     seed: int = 0,
+    report: Report | None = None,
 ) -> list[float]:
-    """Render, build, pretrain and save; the pretraining losses."""
+    """Render, build, pretrain and save; the pretraining losses. `report(phase, steps done
+    in it, latest loss)` is called every CHECK_EVERY steps (a progress display)."""
     chosen = tiny.FAMILIES[family]
     probe = tiny.build_family_tokenizer(chosen, ["x"], vocab_size=300)
     texts = [_render(probe, row) for row in conversations]
@@ -100,9 +105,10 @@ def build_chat_base(
     torch.manual_seed(seed)
     rng = random.Random(seed)
     model.train()
-    losses = _learn_short(model, short, rng, tokenizer.pad_token_id)
+    report = report or (lambda phase, done, loss: None)
+    losses = _learn_short(model, short, rng, tokenizer.pad_token_id, report)
     pools = [(whole, 1 - DOCUMENT_SHARE), (documents, DOCUMENT_SHARE)]
-    losses += _learn_whole(model, pools, rng, tokenizer.pad_token_id, steps=steps)
+    losses += _learn_whole(model, pools, rng, tokenizer.pad_token_id, report, steps=steps)
     model.eval()
     tiny.save_base(directory, model, tokenizer)
     return losses
@@ -110,6 +116,7 @@ def build_chat_base(
 
 Example = tuple[list[int], int]
 """Token ids, and how many of the first ones the loss leaves out."""
+Report = Callable[[str, int, float], None]
 
 
 def _encoded(tokenizer: Any, row: dict[str, Any]) -> Example:
@@ -128,10 +135,11 @@ def _ids(encoded: Any) -> list[int]:
 
 
 def _learn_short(
-    model: Any, short: Sequence[Example], rng: random.Random, pad_id: int
+    model: Any, short: Sequence[Example], rng: random.Random, pad_id: int, report: Report
 ) -> list[float]:
     """Phase 1: the short conversations until they are known (see `_until_known`)."""
     return _until_known(model, short, lambda: short[rng.randrange(len(short))], pad_id,
+                        lambda done, loss: report("short", done, loss),
                         least=0, most=MAX_SHORT_STEPS)  # fmt: skip
 
 
@@ -140,6 +148,7 @@ def _learn_whole(
     pools: Sequence[tuple[Sequence[Example], float]],
     rng: random.Random,
     pad_id: int,
+    report: Report,
     *,
     steps: int,
 ) -> list[float]:
@@ -151,7 +160,9 @@ def _learn_whole(
         pool: Sequence[Example] = rng.choices(sources, weights=shares)[0]
         return pool[rng.randrange(len(pool))]
 
-    return _until_known(model, sources[0], draw, pad_id, least=steps, most=MAX_WHOLE_STEPS)
+    return _until_known(model, sources[0], draw, pad_id,
+                        lambda done, loss: report("whole", done, loss),
+                        least=steps, most=MAX_WHOLE_STEPS)  # fmt: skip
 
 
 def _until_known(
@@ -159,6 +170,7 @@ def _until_known(
     known: Sequence[Example],
     draw: Callable[[], Example],
     pad_id: int,
+    report: Callable[[int, float], None],
     *,
     least: int,
     most: int,
@@ -177,6 +189,7 @@ def _until_known(
     losses: list[float] = []
     while len(losses) < most:
         losses += _train(model, draw, CHECK_EVERY, optimizer, schedule, pad_id)
+        report(len(losses), losses[-1])
         if len(losses) >= least and _is_known(model, known, pad_id):
             break
     return losses
@@ -230,6 +243,25 @@ def _render(tokenizer: Any, row: dict[str, Any]) -> str:
     return text
 
 
+@contextmanager
+def _progress() -> Iterator[Report]:
+    """Each phase's steps and latest loss on stderr (drawn on a terminal only): how many steps
+    a phase takes is known only when it ends."""
+    columns = [TextColumn("pretraining on the {task.description} conversations: step"),
+               TextColumn("{task.completed}"), TextColumn("loss {task.fields[loss]}"),
+               TimeElapsedColumn()]  # fmt: skip
+    console = Console(stderr=True)
+    with Progress(*columns, console=console, disable=not console.is_terminal) as bar:
+        tasks: dict[str, TaskID] = {}
+
+        def report(phase: str, done: int, loss: float) -> None:
+            if phase not in tasks:
+                tasks[phase] = bar.add_task(phase, total=None, loss="-")
+            bar.update(tasks[phase], completed=done, loss=f"{loss:.3f}")
+
+        yield report
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m finetune.tiny_chat", description=__doc__)
     parser.add_argument("--out", type=Path, required=True, help="Directory to write.")
@@ -246,9 +278,11 @@ def main(argv: Sequence[str] | None = None) -> None:
         conversations = read_conversations(args.conversations)
     except (OSError, ValueError) as error:
         parser.exit(2, f"error: {error}\n")
-    losses = build_chat_base(
-        args.out, conversations, family=args.family, steps=args.steps, seed=args.seed
-    )
+    with _progress() as report:
+        losses = build_chat_base(
+            args.out, conversations, family=args.family, steps=args.steps, seed=args.seed,
+            report=report,
+        )  # fmt: skip
     print(f"pretrained {len(losses)} steps: loss {losses[0]:.3f} -> {losses[-1]:.3f}")
     print(f"saved {args.out}")
 
