@@ -39,8 +39,9 @@ def test_each_phase_trains_until_its_conversations_are_known(tmp_path: Path) -> 
     examples = [tiny_chat._encoded(tokenizer, row) for row in lookups()]
     assert tiny_chat._is_known(model, examples, tokenizer.pad_token_id)
     # a model that has not trained knows nothing
+    family = tiny_chat.tiny.FAMILIES["qwen2_5"]
     untrained = tiny_chat.tiny.build_family_model(
-        tiny_chat.tiny.FAMILIES["qwen2_5"], tokenizer, hidden_size=tiny_chat.HIDDEN_SIZE, num_heads=4,
+        family, tokenizer, hidden_size=tiny_chat.HIDDEN_SIZE, num_heads=4,
         max_position_embeddings=1024,
     )  # fmt: skip
     assert not tiny_chat._is_known(untrained, examples, tokenizer.pad_token_id)
