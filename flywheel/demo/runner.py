@@ -231,6 +231,7 @@ def demo_command(directory: Path, *, quick: bool, as_json: bool) -> None:
 
     started = time.monotonic()
     demo = run_demo(directory, quick=quick)
+    tools = tool_rows(demo.tools)
     with database_session() as session:
         counts = domain_counts(session)
         versions = version_rows(demo.cycles, live_by_version(session, ARITHMETIC_DOMAIN))
@@ -244,11 +245,11 @@ def demo_command(directory: Path, *, quick: bool, as_json: bool) -> None:
         "cycles": cycle_rows(demo.cycles),
         "live": demo.live,
         "versions": versions,
-        "tools": tool_rows(demo.tools),
+        "tools": tools,
     }
     if as_json:
         emit(data, as_json=True, text="")
         return
     console = Console() if sys.stdout.isatty() else Console(width=120)  # a log: room for it
-    print_summary(console, counts, demo.cycles, versions, data["tools"])
+    print_summary(console, counts, demo.cycles, versions, tools)
     console.print(f"report: {data['report']}  ({data['seconds']:.0f} s in all)")
