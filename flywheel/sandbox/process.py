@@ -207,16 +207,25 @@ def _bwrap_prefix(*, uid: int, binds: Mapping[str, str], tmpfs_mb: int) -> list[
 
 
 def _set_limits(limits: Limits, budget: Budget | None) -> Callable[[], None]:
-    def apply() -> None:  # runs in the child between fork and exec
-        mib = 1024 * 1024
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s))
-        resource.setrlimit(resource.RLIMIT_AS, (limits.memory_mb * mib,) * 2)
-        resource.setrlimit(resource.RLIMIT_NPROC, (limits.max_processes,) * 2)
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.max_file_mb * mib,) * 2)
-        resource.setrlimit(resource.RLIMIT_NOFILE, (limits.max_open_files,) * 2)
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    """What the child runs between fork and exec. The address-space limit comes last: the
+    child is a copy of this process (gigabytes of address space once torch is loaded), so
+    after it even a small allocation by Python (entering the budget) can fail, and the
+    spawn with it ("Exception occurred in preexec_fn", now and then)."""
+    mib = 1024 * 1024
+    rlimits = [  # built here, not in the child
+        (resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s)),
+        (resource.RLIMIT_NPROC, (limits.max_processes,) * 2),
+        (resource.RLIMIT_FSIZE, (limits.max_file_mb * mib,) * 2),
+        (resource.RLIMIT_NOFILE, (limits.max_open_files,) * 2),
+        (resource.RLIMIT_CORE, (0, 0)),
+        (resource.RLIMIT_AS, (limits.memory_mb * mib,) * 2),
+    ]
+
+    def apply() -> None:
         if budget is not None:
             budget.enter()
+        for which, values in rlimits:
+            resource.setrlimit(which, values)
 
     return apply
 

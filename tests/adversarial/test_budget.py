@@ -3,11 +3,13 @@ measured from the host."""
 
 from __future__ import annotations
 
+import mmap
 from collections.abc import Iterator
 
 import pytest
 
 from flywheel.sandbox import Limits, budget, run_tests
+from flywheel.sandbox.process import SANDBOX_PYTHON, spawn
 from flywheel.sandbox.rewards import CodeReward
 from flywheel.sandbox.warm import close_pools
 from tests.adversarial.host import PeakRss
@@ -123,3 +125,48 @@ def test_sandbox_cgroups_are_removed_with_their_sandboxes() -> None:
 
     assert list(layout.memory.glob("sandbox-*")) == []
     assert list(layout.pids.glob("sandbox-*")) == []
+
+
+class _AllocatingBudget:
+    """A real budget whose entering allocates 64 MiB first (more than malloc serves from its
+    heap), as Python may need new memory at any call there (a new arena for the path it
+    writes): what made starts fail now and then in the learning test, whose process had
+    gigabytes of address space (torch loaded)."""
+
+    def __init__(self, real: budget.Budget) -> None:
+        self.real = real
+
+    def enter(self) -> None:
+        bytearray(64 << 20)
+        self.real.enter()
+
+
+CHILD = """
+print(len(bytearray(64 << 20)) >> 20)
+try:
+    bytearray(512 << 20)
+except MemoryError:
+    print("MemoryError")
+"""
+
+
+def test_a_large_host_process_starts_sandboxes_whose_address_space_is_small() -> None:
+    """Before, the address-space limit was set first in the forked child: with the parent
+    over it, entering the budget raised MemoryError and the spawn failed."""
+    real = budget.make_budget()
+    assert real is not None
+    reserved = mmap.mmap(-1, 2 << 30)  # 2 GiB of address space in this process, not touched
+    try:
+        process = spawn(
+            [SANDBOX_PYTHON, "-I", "-S", "-c", CHILD],
+            binds={},
+            limits=Limits(memory_mb=256),
+            pass_fds=(),
+            budget=_AllocatingBudget(real),  # type: ignore[arg-type]
+        )
+        output, _ = process.communicate(timeout=30)
+        assert process.returncode == 0, output
+        assert output.split() == [b"64", b"MemoryError"]  # and its own limit holds
+    finally:
+        reserved.close()
+        real.remove()
