@@ -15,6 +15,10 @@ adds --late new events (ratings, spread over existing interactions) and times th
 recompile.
 
     python -m bench.compile [--events 1000000] [--late 1000] [--phases] [--profile out.prof]
+                            [--without-ahead]
+
+--without-ahead compiles with no child finding PII spans beside the compiler (`prefetch`):
+run it and a plain run one after the other to see what the child saves.
 
 --phases times the compile's parts (evidence query and fetch, judging, redaction, staging,
 inserts) with wrappers that add a little overhead of their own.
@@ -317,8 +321,7 @@ class Phases:
 
     def __enter__(self) -> Phases:
         self.wrap_iterator(compiler, "evidence_rows", "evidence query + fetch (server, psycopg)")
-        self.wrap(prefetch, "find_spans", "redact: find ahead (thread, during the query)")
-        self.wrap(items, "find_spans", "redact: find (each distinct text once)")
+        self.wrap(items, "find_spans", "redact: find (the texts the child had not sent)")
         self.wrap(compiler, "judge", "judge (rules)")
         self.wrap(compiler, "stage", "stage (redact item texts, hash, buffer)")
         self.wrap(writer.Writer, "_store_chunk", "COPY + upsert chunks (background thread)")
@@ -342,7 +345,14 @@ def main() -> None:
     parser.add_argument("--phases", action="store_true", help="time the compile's parts")
     parser.add_argument("--profile", help="write a cProfile of the compile to this file")
     parser.add_argument("--keep", action="store_true", help="keep the scratch database")
+    parser.add_argument(
+        "--without-ahead",
+        action="store_true",
+        help="compile without the child that finds PII spans beside it (to compare)",
+    )
     args = parser.parse_args()
+    if args.without_ahead:
+        prefetch.AHEAD_MIN_EVENTS = 2**62
 
     database_url = create_postgres_database()
     plain_url = (

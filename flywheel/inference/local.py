@@ -19,11 +19,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import aclosing, suppress
 from pathlib import Path
 from typing import IO, Any
 
+from flywheel.children import die_with_parent
 from flywheel.errors import InvalidState
 from flywheel.inference.backends import Adapter
 from flywheel.inference.upstream import OpenAIUpstream
@@ -73,7 +74,7 @@ class LocalServer:
             stderr=subprocess.STDOUT,
             text=True,
             start_new_session=True,  # its own process group: stopped with every child it has
-            preexec_fn=_die_with_parent(),  # one prctl call in the child: no locks, no imports
+            preexec_fn=die_with_parent(),  # one prctl call in the child: no locks, no imports
         )
         assert self.process.stdout is not None
         self.url = self._wait_ready(self.process, self.process.stdout)
@@ -128,24 +129,6 @@ def _drain(stdout: IO[str]) -> threading.Thread:
     thread = threading.Thread(target=forward, name="local-server-output", daemon=True)
     thread.start()
     return thread
-
-
-def _die_with_parent() -> Callable[[], None] | None:
-    """What the child runs before exec: SIGTERM it when the process that started it dies,
-    however it dies (a SIGKILLed gateway never runs `stop`; uvicorn ends a SIGTERMed one by
-    re-raising the signal). Linux's PR_SET_PDEATHSIG, looked up here in the parent so the
-    child only makes the call; None elsewhere."""
-    if sys.platform != "linux":
-        return None
-    import ctypes
-
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
-    pr_set_pdeathsig, sigterm = 1, int(signal.SIGTERM)
-
-    def set_death_signal() -> None:
-        prctl(pr_set_pdeathsig, sigterm, 0, 0, 0)
-
-    return set_death_signal
 
 
 def _signal_group(process: subprocess.Popen[str], signum: int) -> None:

@@ -185,8 +185,11 @@ class Recorder:
     async def flush(self, *, replay: bool = True) -> None:
         """Write (or spool) everything submitted so far, trying the database even if it was
         down a moment ago; with `replay`, also write back what the spool holds, if it can."""
+        # Try now: also in a background step that has the lock before this flush does (it
+        # takes what was submitted, and would spool it while a failure was recent).
+        self._failed_at = None
         async with self._write_lock:
-            self._failed_at = None  # try now
+            self._failed_at = None
             while self._queue or self._overflow:
                 await self._step(replay=replay)
             while replay and self._is_database_up() and self.spool.has_lines():

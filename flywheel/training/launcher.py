@@ -12,8 +12,6 @@ checkpoints and the adapter (`job/`).
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import hashlib
 import json
 import os
@@ -29,6 +27,7 @@ from typing import IO, Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
+from flywheel.children import die_with_parent
 from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.reader import export_dataset_version, refuse_tainted
 from flywheel.datasets.versions import latest_version
@@ -43,7 +42,6 @@ from flywheel.tenancy.models import Domain
 
 METHODS = ("sft", "dpo", "kto", "grpo")
 INTERRUPTED_EXIT = 75  # finetune's "stopped on SIGTERM, checkpointed"
-PR_SET_PDEATHSIG = 1  # linux/prctl.h
 
 
 @dataclass(frozen=True)
@@ -211,7 +209,7 @@ def _run(
     last_out: list[str] = []
     last_err: list[str] = []
     with subprocess.Popen(
-        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=_stop_with_parent
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent()
     ) as child:
         relays = [
             threading.Thread(target=_relay, args=(child.stdout, last_out), daemon=True),
@@ -230,13 +228,6 @@ def _run(
             outcome = None
     error = last_err[0].removeprefix("error: ") if last_err else None
     return code, outcome, error
-
-
-def _stop_with_parent() -> None:
-    """In the trainer, before it starts: a SIGTERM when its parent dies (a killed worker), so
-    it checkpoints and exits instead of training on unowned."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _wait(child: subprocess.Popen[bytes], should_stop: Callable[[], bool] | None) -> int:

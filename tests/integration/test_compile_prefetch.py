@@ -1,13 +1,16 @@
-"""The compiler's redaction head start (`prefetch`): it finds the spans of the compiled
-domain's texts only, on a connection of its own, and what it finds changes no stored item."""
+"""Redaction beside the compiler (`prefetch`): a child process finds the spans of the compiled
+domain's texts only, on a connection of its own; what it finds changes no stored item, and a
+child that fails costs only its head start."""
 
 from __future__ import annotations
 
+import logging
+import uuid
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, create_engine, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.db import utcnow
@@ -15,6 +18,7 @@ from flywheel.models import Domain, LabeledCompletion, PreferencePair, SftExampl
 from flywheel.redaction import find_spans
 from flywheel.signals.compile import compile_feedback, prefetch
 from flywheel.signals.compile.items import Texts
+from flywheel.signals.spans_ahead import text_digest
 from flywheel.tenancy import service as tenancy
 from tests.conftest import Caller, make_caller
 from tests.integration.test_compile import Feedback
@@ -41,18 +45,37 @@ def _feed(feedback: Feedback) -> None:
     feedback.compare([ANSWER, other], 0, "u-4", messages=_messages(QUESTION), at=AT)
 
 
-def _prefetched(engine: Engine, caller: Caller, sessions: sessionmaker[Session]) -> Texts:
+@pytest.fixture
+def any_size(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The child starts for compiles of any size (these domains are tiny)."""
+    monkeypatch.setattr(prefetch, "AHEAD_MIN_EVENTS", 0)
+
+
+def _finished(run: prefetch.Prefetch) -> dict[bytes, Any]:
+    """What the child sent, once it has read and sent everything."""
+    assert run.child is not None
+    assert run.child.process.wait(60) == 0
+    run.child.reader.join(60)
+    return dict(run.texts.ahead)
+
+
+def _prefetched(engine: Engine, caller: Caller, sessions: sessionmaker[Session]) -> Any:
     with sessions() as session:
         domain_id = session.scalars(select(Domain.id).where(Domain.tenant_id == caller.tenant_id))
         texts = Texts()
-        with prefetch.Prefetch(engine, texts, caller.tenant_id, domain_id.one(), full=True) as run:
-            run.thread.join(timeout=60)  # let it read everything before it is told to stop
-    return texts
+        run = prefetch.Prefetch(
+            engine, texts, caller.tenant_id, domain_id.one(), full=True, events=0
+        )
+        with run:
+            found = _finished(run)
+    assert texts.ahead == {}  # emptied once the compile is over
+    return found
 
 
 @pytest.mark.postgres_only
-@pytest.mark.commits("the prefetch reads on a connection of its own")
-def test_prefetch_finds_the_compiled_domains_texts_only(
+@pytest.mark.usefixtures("any_size")
+@pytest.mark.commits("the child reads on a connection of its own")
+def test_the_child_finds_the_compiled_domains_texts_only(
     sessions: sessionmaker[Session], committing_engine: Engine
 ) -> None:
     acme, globex = make_caller(sessions), make_caller(sessions, tenant="globex")
@@ -60,33 +83,63 @@ def test_prefetch_finds_the_compiled_domains_texts_only(
     other = Feedback(sessions, globex)
     other.interaction(OTHER_TENANT, _messages(OTHER_TENANT))
 
-    texts = _prefetched(committing_engine, acme, sessions)
+    found = _prefetched(committing_engine, acme, sessions)
 
     expected = {QUESTION, "Be brief.", ANSWER, "Refund sent.", FIXED}
     expected |= {"Ask Maria Lopez at +44 20 7946 0958."}
-    assert set(texts.finds) == expected
-    assert OTHER_TENANT not in texts.finds
-    assert all(texts.finds[raw] == find_spans(raw) for raw in expected)
-    assert texts.finds[QUESTION]  # it did find something: names and a phone
+    assert set(found) == {text_digest(raw) for raw in expected}
+    assert text_digest(OTHER_TENANT) not in found
+    assert all(found[text_digest(raw)] == find_spans(raw) for raw in expected)
+    assert found[text_digest(QUESTION)]  # it did find something: names and a phone
 
 
 @pytest.mark.postgres_only
-@pytest.mark.commits("the prefetch reads on a connection of its own")
-def test_prefetch_stops_at_the_first_evidence_row(
+@pytest.mark.commits("the child reads on a connection of its own")
+def test_the_child_is_stopped_with_the_compile_and_starts_only_for_large_ones(
     sessions: sessionmaker[Session], committing_engine: Engine
 ) -> None:
     acme = make_caller(sessions)
     _feed(Feedback(sessions, acme))
     with sessions() as session:
-        domain_id = session.scalars(select(Domain.id).where(Domain.tenant_id == acme.tenant_id))
-        run = prefetch.Prefetch(
-            committing_engine, Texts(), acme.tenant_id, domain_id.one(), full=True
-        )
-        with run:
-            rows = list(run.rows(iter(["row"])))
-            assert not run.thread.is_alive()  # joined before the first row was handed on
-    assert rows == ["row"]
-    assert run.stopping.is_set()
+        domain_id = session.scalars(
+            select(Domain.id).where(Domain.tenant_id == acme.tenant_id)
+        ).one()
+    small = prefetch.AHEAD_MIN_EVENTS - 1
+    with prefetch.Prefetch(
+        committing_engine, Texts(), acme.tenant_id, domain_id, full=True, events=small
+    ) as run:
+        assert run.child is None
+    large = prefetch.AHEAD_MIN_EVENTS
+    with prefetch.Prefetch(
+        committing_engine, Texts(), acme.tenant_id, domain_id, full=True, events=large
+    ) as run:
+        assert run.child is not None
+        process = run.child.process
+        command = " ".join(str(arg) for arg in process.args)
+        assert str(committing_engine.url.host) not in command  # the connection goes by pipe
+        assert str(committing_engine.url.password or "@") not in command
+    assert process.returncode is not None  # stopped (or done) when the compile ends
+    with prefetch.Prefetch(
+        committing_engine, Texts(), acme.tenant_id, domain_id, full=False, events=large
+    ) as run:
+        assert run.child is None  # a recompile of some prompts
+
+
+@pytest.mark.usefixtures("any_size")
+def test_a_child_that_cannot_connect_costs_only_its_head_start(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    nowhere = create_engine("postgresql+psycopg://nobody@127.0.0.1:9/nothing")
+    texts = Texts()
+    with caplog.at_level(logging.INFO, logger=prefetch.__name__):
+        with prefetch.Prefetch(
+            nowhere, texts, uuid.uuid4(), uuid.uuid4(), full=True, events=0
+        ) as run:
+            assert run.child is not None
+            run.child.process.wait(60)
+        assert texts("Hi Maria Lopez,").text != "Hi Maria Lopez,"  # found here instead
+    assert "compile spans ahead exited 1" in caplog.text
+    assert "connection" in caplog.text
 
 
 def _items(sessions: sessionmaker[Session], domain_id: Any) -> list[tuple[Any, ...]]:
@@ -105,7 +158,7 @@ def _items(sessions: sessionmaker[Session], domain_id: Any) -> list[tuple[Any, .
     return sorted(rows, key=str)
 
 
-@pytest.mark.commits("the prefetch reads on a connection of its own")
+@pytest.mark.commits("the child reads on a connection of its own")
 def test_a_compile_with_the_head_start_stores_what_one_without_stores(
     sessions: sessionmaker[Session], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -125,13 +178,13 @@ def test_a_compile_with_the_head_start_stores_what_one_without_stores(
     original = prefetch.Prefetch.rows
 
     def finished_first(self: prefetch.Prefetch, rows: Any) -> Any:
-        self.thread.join(timeout=60)  # the whole head start, whatever the timing
-        found.append(len(self.texts.finds))
+        found.append(len(_finished(self)) if self.child is not None else 0)
         return original(self, rows)
 
     monkeypatch.setattr(prefetch.Prefetch, "rows", finished_first)
+    monkeypatch.setattr(prefetch, "AHEAD_MIN_EVENTS", 0)
     compile_feedback(sessions, tenant_id=acme.tenant_id, domain_id=billing_id)
-    monkeypatch.setattr(prefetch.Prefetch, "_prefetch", lambda self: None)
+    monkeypatch.setattr(prefetch, "AHEAD_MIN_EVENTS", 2**62)
     compile_feedback(sessions, tenant_id=acme.tenant_id, domain_id=twin_id)
 
     with_head_start = _items(sessions, billing_id)
@@ -141,12 +194,13 @@ def test_a_compile_with_the_head_start_stores_what_one_without_stores(
     assert "Maria" not in redacted
     assert "555-0132" not in redacted
     is_postgres = sessions.kw["bind"].dialect.name == "postgresql"
-    assert found == ([6, 0] if is_postgres else [0, 0])  # the first compile's cache was filled
+    assert found == ([6, 0] if is_postgres else [0, 0])  # the first compile's texts were found
 
 
 @pytest.mark.postgres_only
-@pytest.mark.commits("the prefetch reads on a connection of its own")
-def test_prefetch_skips_interactions_nobody_gave_feedback_on(
+@pytest.mark.usefixtures("any_size")
+@pytest.mark.commits("the child reads on a connection of its own")
+def test_the_child_skips_interactions_nobody_gave_feedback_on(
     sessions: sessionmaker[Session], committing_engine: Engine
 ) -> None:
     acme = make_caller(sessions)
@@ -154,8 +208,8 @@ def test_prefetch_skips_interactions_nobody_gave_feedback_on(
     _feed(feedback)
     feedback.interaction("Nobody rated this, Dr. Haddad.", _messages("A call with no feedback"))
 
-    texts = _prefetched(committing_engine, acme, sessions)
+    found = _prefetched(committing_engine, acme, sessions)
 
-    assert ANSWER in texts.finds
-    assert "Nobody rated this, Dr. Haddad." not in texts.finds
-    assert "A call with no feedback" not in texts.finds
+    assert text_digest(ANSWER) in found
+    assert text_digest("Nobody rated this, Dr. Haddad.") not in found
+    assert text_digest("A call with no feedback") not in found

@@ -187,15 +187,20 @@ def recompile_prompts(
 def _compile_scope(
     session: Session, scope: Scope, *, retract: bool, progress: Progress | None
 ) -> CompileCounts:
-    """Judge the scope's prompts and write their items (redaction gets a head start while the
-    server runs the queries: `prefetch`)."""
+    """Judge the scope's prompts and write their items (a large domain's redaction runs
+    beside it: `prefetch`)."""
     texts = Texts()
     engine = session.get_bind().engine
+    prepare(session, scope)
+    counts = CompileCounts(events_read=count_events(session, scope))
     with Prefetch(
-        engine, texts, scope.tenant_id, scope.domain_id, full=not scope.is_partial
+        engine,
+        texts,
+        scope.tenant_id,
+        scope.domain_id,
+        full=not scope.is_partial,
+        events=counts.events_read,
     ) as ahead:
-        prepare(session, scope)
-        counts = CompileCounts(events_read=count_events(session, scope))
         writer = Writer(
             session,
             tenant_id=scope.tenant_id,

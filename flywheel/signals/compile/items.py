@@ -31,6 +31,7 @@ from flywheel.signals.compile.turns import key as turn_key
 from flywheel.signals.compile.writer import Writer
 from flywheel.signals.content import messages_digest, normalise_text
 from flywheel.signals.message_texts import map_texts
+from flywheel.signals.spans_ahead import text_digest
 
 MAX_SOURCE_REF = 1024
 TEXT_CACHE_SIZE = 200_000
@@ -59,6 +60,8 @@ class Texts:
         self.scoped: dict[tuple[str, str], Clean] = {}
         self.finds: dict[str, list[Span]] = {}
         self.normals: dict[str, str] = {}
+        self.ahead: dict[bytes, list[Span]] = {}
+        """Spans found by another process, by `text_digest` (`prefetch`)."""
 
     def __call__(self, raw: str, scope: str = "") -> Clean:
         found = self.plain.get(raw) or self.scoped.get((scope, raw))
@@ -68,7 +71,8 @@ class Texts:
         if spans is None:
             if len(self.finds) >= TEXT_CACHE_SIZE:
                 self.finds.clear()
-            spans = self.finds[raw] = find_spans(raw)
+            found_ahead = self.ahead.get(text_digest(raw)) if self.ahead else None
+            spans = self.finds[raw] = find_spans(raw) if found_ahead is None else found_ahead
         if not spans:
             if len(self.plain) >= TEXT_CACHE_SIZE:
                 self.plain.clear()

@@ -1,62 +1,56 @@
-"""A head start on redaction while the server aggregates the evidence.
+"""Redaction beside the compile: a child process finds the PII spans of the domain's texts.
 
-The evidence query of a full compile sorts and aggregates every event of the domain before
-its first row comes back; until then the compiler's Python sits idle (measured on the
-benchmark's 200k events, on a loaded 2-core machine: the first row after 3-6 s; finding the
-spans of all 113k distinct texts, 2.3 s of CPU).
-So, meanwhile, a thread reads the domain's texts on a connection of its own (the
-conversations and responses of the interactions with feedback, the corrections' texts and the
-comparisons' responses) and finds their PII spans (`find_spans`, the expensive part of
-redaction) into the compile's `Texts` cache, until the first evidence row arrives. The
-server's query and the thread's Python then run on two cores at once.
+Finding spans (`find_spans`, the expensive part of redaction) was 6 of a full compile's 17 s
+(the benchmark's 200k events, loaded 2-core machine), all of it on the compiler's one core:
+it is Python, so a thread cannot run it beside the compiler. So a full compile of a large
+domain on PostgreSQL starts a child process (`flywheel.signals.spans_ahead`) that reads the
+domain's texts on a connection of its own and finds their spans while the server aggregates
+the evidence and, after that, while the compiler judges and stages. A reader thread here puts
+what it sends into the compile's `Texts` (`Texts.ahead`, by text digest); whatever it has not
+sent yet when the compiler needs it, the compiler finds itself, as before.
 
-Finds are a pure function of the text, so the cache holds nothing a compile would not compute
-itself: surrogates (scoped per conversation) are still drawn by the compiler, the thread reads
-only the compiled tenant's domain, and whatever it did not reach is found as before. A failure
-here (no second connection) costs only the head start. A partial compile (a recompile, a
-forget) warms only the name lists redaction loads once per process.
+Finds are a pure function of the text, so this changes no stored item (a test compiles one
+domain with the child and its twin without, and compares): surrogates (scoped per
+conversation) are still drawn by the compiler, and the child reads only the compiled tenant's
+domain. A child that cannot start or connect costs only the head start (logged). Small
+compiles and partial ones (a recompile, a forget) start no child, whose start-up (~0.5 s of
+CPU) would cost more than it saves; a thread warms the name lists redaction loads once per
+process while the query runs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import signal
+import subprocess
+import sys
+import tempfile
 import threading
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import IO, Any
 
 import orjson
-import psycopg
-from sqlalchemy import Engine, create_engine
-from sqlalchemy.exc import SQLAlchemyError
-from sqlalchemy.pool import NullPool
+from sqlalchemy import Engine
 
-from flywheel.redaction import find_spans, warm
+from flywheel.children import die_with_parent
+from flywheel.redaction import Span, warm
 from flywheel.signals.compile.items import TEXT_CACHE_SIZE, Texts
-from flywheel.signals.message_texts import map_texts
 
 logger = logging.getLogger(__name__)
 
-PREFETCH_LIMIT = TEXT_CACHE_SIZE // 2  # leave the compile room before its cache is emptied
-FETCH_ROWS = 2_000
-# Interactions with feedback only: the gateway records every call, and most get none.
-TEXTS_SQL = """
-SELECT i.messages::text, i.response, NULL::jsonb FROM interactions i
-WHERE i.tenant_id = %(tenant)s AND i.domain_id = %(domain)s
-  AND EXISTS (SELECT 1 FROM feedback_events e WHERE e.interaction_id = i.id)
-"""
-EVENT_TEXTS_SQL = """
-SELECT NULL::text, CASE WHEN kind = 'correction' THEN value ->> 'text' END,
-       CASE WHEN kind = 'comparison' THEN value -> 'responses' END
-FROM feedback_events
-WHERE tenant_id = %(tenant)s AND domain_id = %(domain)s AND kind IN ('correction', 'comparison')
-"""
+AHEAD_MIN_EVENTS = 20_000
+"""A full compile of fewer events starts no child (its start-up would not pay)."""
+AHEAD_LIMIT = 5 * TEXT_CACHE_SIZE  # texts the child finds at most (memory: ~100 B each here)
+STOP_WAIT_S = 5.0
 
 
 class Prefetch:
-    """A context manager around the compile: starts the thread, `stop()` when the evidence
-    starts to arrive, joined on leaving."""
+    """A context manager around the compile: warms redaction in a thread and, for a large full
+    compile on PostgreSQL, starts the child; stopped on leaving."""
 
     def __init__(
         self,
@@ -66,16 +60,19 @@ class Prefetch:
         domain_id: uuid.UUID,
         *,
         full: bool,
+        events: int,
     ) -> None:
         self.engine = engine
         self.texts = texts
-        self.params = {"tenant": tenant_id, "domain": domain_id}
-        self.is_full = full and engine.dialect.name == "postgresql"
-        self.stopping = threading.Event()
-        self.thread = threading.Thread(target=self._run, name="compile-prefetch", daemon=True)
+        self.asked = {"tenant": str(tenant_id), "domain": str(domain_id), "limit": AHEAD_LIMIT}
+        self.is_ahead = full and engine.dialect.name == "postgresql" and events >= AHEAD_MIN_EVENTS
+        self.warming = threading.Thread(target=warm, name="compile-warm", daemon=True)
+        self.child: _Child | None = None
 
     def __enter__(self) -> Prefetch:
-        self.thread.start()
+        self.warming.start()
+        if self.is_ahead:
+            self.child = _Child.start(self.engine, self.asked, self.texts.ahead)
         return self
 
     def __exit__(
@@ -84,73 +81,83 @@ class Prefetch:
         error: BaseException | None,
         trace: TracebackType | None,
     ) -> None:
-        self.stop()
-        self.thread.join()
-
-    def stop(self) -> None:
-        self.stopping.set()
+        self.warming.join()
+        if self.child is not None:
+            self.child.stop()
+        self.texts.ahead.clear()
 
     def rows(self, rows: Iterator[Any]) -> Iterator[Any]:
-        """`rows`, stopping the thread (and waiting for it) once the first has come."""
+        """`rows`, once redaction's name lists are loaded (the first row waits for them)."""
         for row in rows:
-            if not self.stopping.is_set():
-                self.stop()
-                self.thread.join()
+            if self.warming.is_alive():
+                self.warming.join()
             yield row
 
-    def _run(self) -> None:
-        warm()
-        if not self.is_full or self.stopping.is_set():
-            return
+
+@dataclass
+class _Child:
+    """The child process, the thread that reads what it sends into `ahead`, and its stderr
+    (a file: a pipe nobody reads could fill and stall it)."""
+
+    process: subprocess.Popen[bytes]
+    reader: threading.Thread
+    errors: IO[bytes]
+
+    @classmethod
+    def start(
+        cls, engine: Engine, asked: dict[str, Any], ahead: dict[bytes, list[Span]]
+    ) -> _Child | None:
+        """The child, reading; None if it could not start (only the head start is lost)."""
+        dsn = engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+        errors = tempfile.TemporaryFile()  # noqa: SIM115 (closed by `stop`)
         try:
-            self._prefetch()
-        except (psycopg.Error, SQLAlchemyError) as error:  # only the head start is lost
-            logger.info("compile prefetch stopped: %s", error)
+            process = subprocess.Popen(
+                [sys.executable, "-m", "flywheel.signals.spans_ahead"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=errors,
+                preexec_fn=die_with_parent(),  # one prctl call in the child
+            )
+        except OSError as error:
+            logger.info("compile spans ahead not started: %s", error)
+            errors.close()
+            return None
+        assert process.stdin is not None
+        assert process.stdout is not None
+        with contextlib.suppress(OSError):  # one that died at once says why on stderr
+            # the password goes down a pipe, never on a command line
+            process.stdin.write(orjson.dumps(asked | {"dsn": dsn}) + b"\n")
+            process.stdin.close()
+        reader = threading.Thread(
+            target=_read, args=(process.stdout, ahead), name="compile-spans-ahead", daemon=True
+        )
+        reader.start()
+        return cls(process, reader, errors)
 
-    def _prefetch(self) -> None:
-        own = create_engine(self.engine.url, poolclass=NullPool)
+    def stop(self) -> None:
+        """Stop it (the compile is over: what it has not found is not needed), and log why it
+        ended if it failed."""
+        process = self.process
+        if process.poll() is None:
+            process.terminate()
         try:
-            connection = own.raw_connection()
-            driver = connection.driver_connection
-            try:
-                for sql in (TEXTS_SQL, EVENT_TEXTS_SQL):
-                    if driver is None or not self._find_in(driver, sql):
-                        return
-            finally:
-                connection.close()
-        finally:
-            own.dispose()
-
-    def _find_in(self, connection: psycopg.Connection[Any], sql: str) -> bool:
-        """Find the spans of the query's texts; False once told to stop (or the cache is full)."""
-        finds = self.texts.finds
-        with connection.cursor(name="compile_prefetch") as cursor:
-            cursor.itersize = FETCH_ROWS
-            cursor.execute(sql, self.params)
-            for row in cursor:
-                for raw in _row_texts(*row):
-                    if self.stopping.is_set() or len(finds) >= PREFETCH_LIMIT:
-                        return False
-                    if raw not in finds:
-                        finds[raw] = find_spans(raw)
-        return True
+            process.wait(STOP_WAIT_S)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+        self.reader.join()
+        if process.stdout is not None:
+            process.stdout.close()
+        self.errors.seek(0)
+        problem = self.errors.read().decode(errors="replace").strip()
+        self.errors.close()
+        if process.returncode not in (0, -signal.SIGTERM):
+            logger.info("compile spans ahead exited %s: %s", process.returncode, problem[-500:])
 
 
-def _row_texts(messages_json: str | None, text: str | None, more: Any) -> Iterator[str]:
-    """The texts of a row: every text of a conversation (as `items._prompt` redacts them), a
-    response or correction, a comparison's responses."""
-    if messages_json is not None:
-        seen: list[str] = []
-
-        def collect(raw: str) -> str:
-            seen.append(raw)
-            return raw
-
-        for message in orjson.loads(messages_json):
-            if isinstance(message, dict):
-                map_texts(message, collect)
-        yield from seen
-    if text is not None:
-        yield text
-    if isinstance(more, list):
-        yield from (item for item in more if isinstance(item, str))
+def _read(stdout: IO[bytes], ahead: dict[bytes, list[Span]]) -> None:
+    for line in stdout:
+        if not line.endswith(b"\n"):
+            return  # cut short by its end
+        for digest, spans in orjson.loads(line):
+            ahead[bytes.fromhex(digest)] = [Span(*span) for span in spans]
