@@ -71,10 +71,10 @@ turns; a failed compile writes nothing and is recorded as a failed ingest run.
 Work split: on PostgreSQL one set-based query aggregates the events per (prompt, response)
 and streams the result through a server-side cursor; Python judges, redacts and hashes; items
 are written in chunks, each COPYed into a staging table and upserted by a background thread
-while Python judges the next (`writer.py`). While the server runs the query (it aggregates and
-sorts every event before its first row), a thread finds the PII spans of the domain's texts on
-a connection of its own, into the compile's text cache (`prefetch.py`): finds are a pure
-function of the text, so this changes no stored item, only when the work is done. SQLite
+while Python judges the next (`writer.py`). In a full compile of a large domain, a child
+process finds the PII spans of the domain's texts on a connection of its own, from the start
+of the query on, and the compiler takes them by the text's digest (`prefetch.py`): finds are a
+pure function of the text, so this changes no stored item, only where the work is done. SQLite
 aggregates the same way in Python (`evidence.py`) and upserts once at the end.
 
 Known limits: evidence is grouped by the exact stored conversation; two conversations that
