@@ -309,6 +309,41 @@ def test_a_redaction_process_that_dies_loses_nothing_and_is_replaced(
     assert all(EMAIL not in row.response for row in stored)
 
 
+def test_a_call_made_once_the_database_is_back_is_written_by_the_next_flush(
+    sessions: sessionmaker[Session],
+    down: sessionmaker[Session],
+    recorder_settings: Settings,
+    acme: Caller,
+    domain_id: uuid.UUID,
+) -> None:
+    """A background step that has the write lock before the flush (it waits for it while a
+    spool is replayed) took the new call and spooled it, since the database had failed a
+    moment before: `recorded` was 0 (the CI failure of the test below, on a loaded machine)."""
+    database = Switch(down)
+    outage = [call(acme, domain_id, response=f"during the outage {n}") for n in range(2)]
+    after = call(acme, domain_id, response="after")
+
+    async def scenario() -> dict[str, int]:
+        earlier = Recorder(database, recorder_settings)  # leaves a spool behind
+        earlier.submit(outage[0])
+        await earlier.flush()
+        await earlier.aclose()
+        recorder = Recorder(database, recorder_settings)
+        await recorder.start()  # it replays the spool first: its step waits for the lock
+        recorder.submit(outage[1])
+        await recorder.flush()  # the database fails again, just now
+        database.target = sessions  # and is back
+        recorder.submit(after)
+        await recorder.flush()
+        await recorder.aclose()
+        return recorder.counters
+
+    counters = run(scenario())
+    assert counters["recorded"] == 1
+    assert counters["replayed"] == 2
+    assert {row.id for row in rows(sessions)} == {r.interaction_id for r in [*outage, after]}
+
+
 def test_a_database_that_is_down_sends_calls_to_the_spool_replayed_once(
     sessions: sessionmaker[Session],
     down: sessionmaker[Session],
