@@ -125,6 +125,7 @@ def cycle_rows(cycles: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "after": ours,
             "gate": "passed" if gate.get("is_promotable") else "failed" if gate else "-",
             "promoted": bool(promoted.get("promoted")),
+            "reasons": promoted.get("reasons") or gate.get("reasons") or [],  # why not
             "slices": gate.get("slices", []),
             "seconds": sum(float(s.get("duration_s") or 0) for s in steps.values()),
         })  # fmt: skip
@@ -153,17 +154,7 @@ def print_summary(
     for label in [*COUNTED, "verified tasks", "champion"]:
         data.add_row(label, *(str(row[label]) for row in counts.values()))
     console.print(data)
-    turns = Table(title="Cycles of the arithmetic domain (held-out eval set)")
-    for column in ("cycle", "dataset", "candidate", "against", "metric", "before", "after",
-                   "gate", "promoted", "seconds"):  # fmt: skip
-        turns.add_column(column, justify="right")
-    for row in cycle_rows(cycles):
-        turns.add_row(
-            str(row["cycle"]), f"v{row['dataset_version']}", row["candidate"],
-            str(row["against"]), row["metric"], _number(row["before"]), _number(row["after"]),
-            row["gate"], "yes" if row["promoted"] else "no", f"{row['seconds']:.0f}",
-        )  # fmt: skip
-    console.print(turns)
+    _print_cycles(console, cycles)
     slices = Table(title="Slices of each cycle's gate (before: the rival, after: the candidate)")
     for column in ("cycle", "slice", "items", "before", "after", "tolerance", "judged",
                    "regressed"):  # fmt: skip
@@ -186,6 +177,24 @@ def print_summary(
     console.print(live)
     if tools:
         print_tool_rows(console, tools)
+
+
+def _print_cycles(console: Console, cycles: list[dict[str, Any]]) -> None:
+    """The arithmetic cycles' table, and why a cycle was not promoted."""
+    turns = Table(title="Cycles of the arithmetic domain (held-out eval set)")
+    for column in ("cycle", "dataset", "candidate", "against", "metric", "before", "after",
+                   "gate", "promoted", "seconds"):  # fmt: skip
+        turns.add_column(column, justify="right")
+    for row in cycle_rows(cycles):
+        turns.add_row(
+            str(row["cycle"]), f"v{row['dataset_version']}", row["candidate"],
+            str(row["against"]), row["metric"], _number(row["before"]), _number(row["after"]),
+            row["gate"], "yes" if row["promoted"] else "no", f"{row['seconds']:.0f}",
+        )  # fmt: skip
+    console.print(turns)
+    for row in cycle_rows(cycles):
+        if row["reasons"] and not row["promoted"]:
+            console.print(f"cycle {row['cycle']} not promoted: {'; '.join(row['reasons'])}")
 
 
 def print_tool_rows(console: Console, tools: list[dict[str, Any]]) -> None:
