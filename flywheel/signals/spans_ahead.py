@@ -27,17 +27,26 @@ from flywheel.signals.message_texts import map_texts
 
 FETCH_ROWS = 2_000
 BATCH = 500
-# Interactions with feedback only: the gateway records every call, and most get none.
+# The texts of the interactions with feedback (the gateway records every call, and most get
+# none) and of the corrections and comparisons, in the order the compiler needs them: by the
+# prompt key its evidence query sorts by (`compile.evidence`), so this stays ahead of it.
 TEXTS_SQL = """
-SELECT i.messages::text, i.response, NULL::jsonb FROM interactions i
-WHERE i.tenant_id = %(tenant)s AND i.domain_id = %(domain)s
-  AND EXISTS (SELECT 1 FROM feedback_events e WHERE e.interaction_id = i.id)
-"""
-EVENT_TEXTS_SQL = """
-SELECT NULL::text, CASE WHEN kind = 'correction' THEN value ->> 'text' END,
-       CASE WHEN kind = 'comparison' THEN value -> 'responses' END
-FROM feedback_events
-WHERE tenant_id = %(tenant)s AND domain_id = %(domain)s AND kind IN ('correction', 'comparison')
+SELECT t.messages, t.text, t.more FROM (
+    SELECT jsonb_hash_extended(i.messages, 0) AS key, i.messages::text AS messages,
+           i.response AS text, NULL::jsonb AS more
+    FROM interactions i
+    WHERE i.tenant_id = %(tenant)s AND i.domain_id = %(domain)s
+      AND EXISTS (SELECT 1 FROM feedback_events e WHERE e.interaction_id = i.id)
+    UNION ALL
+    SELECT jsonb_hash_extended(coalesce(e.value -> 'messages', e.messages,
+               (SELECT i.messages FROM interactions i WHERE i.id = e.interaction_id)), 0),
+           NULL::text, CASE WHEN e.kind = 'correction' THEN e.value ->> 'text' END,
+           CASE WHEN e.kind = 'comparison' THEN e.value -> 'responses' END
+    FROM feedback_events e
+    WHERE e.tenant_id = %(tenant)s AND e.domain_id = %(domain)s
+      AND e.kind IN ('correction', 'comparison')
+) t
+ORDER BY t.key
 """
 
 
@@ -71,22 +80,21 @@ def find_ahead(connection: psycopg.Connection[Any], params: dict[str, Any], limi
     """Write the spans of the domain's distinct texts to stdout, up to `limit` texts."""
     done: set[bytes] = set()
     batch: list[tuple[str, list[Any]]] = []
-    for sql in (TEXTS_SQL, EVENT_TEXTS_SQL):
-        with connection.cursor(name="compile_spans_ahead") as cursor:
-            cursor.itersize = FETCH_ROWS
-            cursor.execute(sql, params)
-            for row in cursor:
-                for raw in row_texts(*row):
-                    digest = text_digest(raw)
-                    if digest in done:
-                        continue
-                    if len(done) >= limit:
-                        _write(batch)
-                        return
-                    done.add(digest)
-                    batch.append((digest.hex(), [list(span) for span in find_spans(raw)]))
-                    if len(batch) >= BATCH:
-                        _write(batch)
+    with connection.cursor(name="compile_spans_ahead") as cursor:
+        cursor.itersize = FETCH_ROWS
+        cursor.execute(TEXTS_SQL, params)
+        for row in cursor:
+            for raw in row_texts(*row):
+                digest = text_digest(raw)
+                if digest in done:
+                    continue
+                if len(done) >= limit:
+                    _write(batch)
+                    return
+                done.add(digest)
+                batch.append((digest.hex(), [list(span) for span in find_spans(raw)]))
+                if len(batch) >= BATCH:
+                    _write(batch)
     _write(batch)
 
 
