@@ -189,7 +189,7 @@ class Recorder:
         # takes what was submitted, and would spool it while a failure was recent).
         self._failed_at = None
         async with self._write_lock:
-            self._failed_at = None
+            self._failed_at = None  # again: that step may have failed meanwhile
             while self._queue or self._overflow:
                 await self._step(replay=replay)
             while replay and self._is_database_up() and self.spool.has_lines():

@@ -208,6 +208,8 @@ def _run(
     a SIGTERM: it checkpoints and exits with INTERRUPTED_EXIT."""
     last_out: list[str] = []
     last_err: list[str] = []
+    # A SIGTERM when this process dies (a killed worker): the trainer checkpoints and exits
+    # instead of training on unowned.
     with subprocess.Popen(
         command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=die_with_parent()
     ) as child:
