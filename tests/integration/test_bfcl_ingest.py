@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.models import VerifiableTask
+from flywheel.models import Domain, VerifiableTask
 from tests.conftest import Caller, count_rows, run_cli
 
 FIXTURE = Path(__file__).parents[1] / "fixtures" / "bfcl"
@@ -127,14 +127,21 @@ def test_bfcl_ground_truth_passes_verifier_qa_and_says_why_when_it_cannot(
     assert "No module named 'mpmath'" in reason
 
 
+# Whether a surrogate is redacted again depends on the redaction key: under "k36" (when this
+# was written) parallel_0's surrogate artist is a name the detector does not know, under "k0"
+# one it does.
+@pytest.mark.parametrize("key", ["k0", "k36"])
 def test_tool_and_environment_tasks_export_and_come_back_in_flywheels_format(
     capsys: pytest.CaptureFixture[str],
     on_test_database: sessionmaker[Session],
     acme: Caller,
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    key: str,
 ) -> None:
     """export-tasks writes what a tool_call or environment task needs, and the flywheel format
     reads it back into another domain as the same tasks, which pass QA again."""
+    monkeypatch.setenv("FLYWHEEL_REDACTION_KEY", key)
     environments = ("--environments", str(FIXTURE / "environments"))
     fs_file = str(FIXTURE / "BFCL_v4_multi_turn_file_system.json")
     assert ingest(capsys, "--format", "bfcl", str(FIXTURE / "BFCL_v4_single_turn.json"))[0] == 0
@@ -156,19 +163,24 @@ def test_tool_and_environment_tasks_export_and_come_back_in_flywheels_format(
     assert code == 0, err
     assert json.loads(out)["verifier"] == {"checked": 10, "usable": 10, "unusable": 0}
     with on_test_database() as session:
-        hashes: dict[Any, set[str]] = {}
-        redacted: dict[Any, list[VerifiableTask]] = {}
-        for task in session.scalars(select(VerifiableTask)):
-            if task.redaction_report:
-                redacted.setdefault(task.domain_id, []).append(task)
-            else:
-                hashes.setdefault(task.domain_id, set()).add(task.content_sha256)
-    first, second = hashes.values()
-    assert first == second  # the same content, hashed the same way
-    # parallel_0 names "Taylor Swift": redacted on the way in, and again (to another surrogate:
-    # redaction does not recognise its own) on the way back; the call still names the artist
-    # the prompt names, so the task stays solvable.
-    for (task,) in redacted.values():
+        tasks: dict[str, list[VerifiableTask]] = {"billing": [], "mirror": []}
+        for task, domain in session.execute(
+            select(VerifiableTask, Domain.name).join(Domain, Domain.id == VerifiableTask.domain_id)
+        ):
+            tasks[domain].append(task)
+    billing = {task.content_sha256 for task in tasks["billing"]}
+    again = [task for task in tasks["mirror"] if task.redaction_report]
+    kept = {task.content_sha256 for task in tasks["mirror"] if not task.redaction_report}
+    assert len(tasks["mirror"]) == 10
+    # the same content, hashed the same way: every task that came back as it went out
+    assert len(kept) == 10 - len(again)
+    assert kept <= billing
+    # parallel_0 names "Taylor Swift": redacted on the way in. On the way back its surrogate is
+    # redacted again (to another surrogate) when the detector takes it for a name, which depends
+    # on the redaction key (about 1 key in 20 draws a first name it does not know); either way
+    # the call still names the artist the prompt names, so the task stays solvable.
+    assert len(again) <= 1
+    for task in [*again, *(task for task in tasks["billing"] if task.redaction_report)]:
         (artist,) = task.expected_calls[0]["arguments"]["artist"]
         assert artist in task.prompt
         assert "Taylor Swift" not in task.prompt
