@@ -28,6 +28,7 @@ from dataclasses import replace
 from typing import Any, NamedTuple
 
 import numpy as np
+from psycopg import sql
 from sqlalchemy import ColumnElement, Table, and_, delete, or_, select
 from sqlalchemy.orm import Session
 
@@ -48,7 +49,8 @@ from flywheel.signals.dedup import minhash_signatures
 
 SKETCHES: Table = ItemSketch.__table__  # type: ignore[assignment]
 BATCH = 4_096
-LOOKUP = 5_000  # ids per IN (...) when reading sketches back
+LOOKUP = 5_000  # ids per IN (...) when reading sketches back (SQLite)
+ARRAY_LOOKUP = 20_000  # ids per array parameter (PostgreSQL)
 
 
 def prompt_key_hash(key: str) -> str:
@@ -81,9 +83,14 @@ def sketches_of(
     for item in items:
         wanted.setdefault(item.kind, []).append(item.id)
     found: dict[uuid.UUID, tuple[bytes, bytes]] = {}
+    is_postgres = session.get_bind().dialect.name == "postgresql"
     for kind in KINDS:
+        ids = wanted.get(kind.name, [])
+        if is_postgres:
+            found.update(_postgres_sketches(session, kind.member_column, ids, n))
+            continue
         column = SKETCHES.c[kind.member_column]
-        for chunk in chunked(wanted.get(kind.name, []), LOOKUP):
+        for chunk in chunked(ids, LOOKUP):
             rows = session.connection().execute(
                 select(column, SKETCHES.c.grams, SKETCHES.c.signature).where(
                     column.in_(chunk), SKETCHES.c.ngram_words == n
@@ -94,6 +101,23 @@ def sketches_of(
     if missing:
         raise InvalidState(f"{missing} items have no sketch: ensure_sketches makes them")
     return found
+
+
+def _postgres_sketches(
+    session: Session, member_column: str, ids: list[uuid.UUID], n: int
+) -> Iterator[tuple[uuid.UUID, tuple[bytes, bytes]]]:
+    """(item id, (grams, signature)) of these items, read on the driver's cursor with the ids
+    as one array parameter: through IN (...) lists of 5,000 bound parameters and SQLAlchemy's
+    rows, 90k sketches took 1.7-2.4 s; so, about 1 s."""
+    query = sql.SQL(
+        "SELECT {item}, grams, signature FROM item_sketches "
+        "WHERE {item} = ANY(%s) AND ngram_words = %s"
+    ).format(item=sql.Identifier(member_column))
+    cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    for chunk in chunked(ids, ARRAY_LOOKUP):
+        cursor.execute(query, [chunk, n])
+        for item_id, grams, signature in cursor:
+            yield item_id, (grams, signature)
 
 
 def ensure_sketches(session: Session, domain_ids: Iterable[uuid.UUID], n: int) -> int:
