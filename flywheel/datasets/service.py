@@ -47,7 +47,7 @@ from typing import Any, cast
 from sqlalchemy import Table, select, update
 from sqlalchemy.orm import Session
 
-from flywheel.bulk import chunked, insert_ignoring_conflicts
+from flywheel.bulk import chunked, insert_new_rows
 from flywheel.datasets.eval_size import eval_size_warnings
 from flywheel.datasets.items import KINDS, History, Item
 from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
@@ -429,7 +429,9 @@ def _record_groups(
         }
         for group_key, split in sorted(new.items())
     ]
-    insert_ignoring_conflicts(session, DatasetGroup.__table__, rows)  # type: ignore[arg-type]
+    # New groups as a rule (the domain is locked, and these are the groups no build placed):
+    # one COPY, which falls back to skipping conflicts if one was placed after all.
+    insert_new_rows(session, DatasetGroup.__table__, rows)  # type: ignore[arg-type]
 
 
 def _insert_members(
