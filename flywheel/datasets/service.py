@@ -51,11 +51,17 @@ from flywheel.bulk import chunked, insert_new_rows
 from flywheel.datasets.eval_size import eval_size_warnings
 from flywheel.datasets.items import KINDS, History, Item
 from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
-from flywheel.datasets.models import SKETCHER, DatasetGroup, DatasetMember, DatasetVersion
+from flywheel.datasets.models import (
+    SKETCHER,
+    DatasetGroup,
+    DatasetMember,
+    DatasetVersion,
+    ItemSketch,
+)
 from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.datasets.versions import latest_version
-from flywheel.db import domain_lock, utcnow
+from flywheel.db import domain_lock, refresh_statistics, utcnow
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.signals.models import (
     SOURCE_KINDS,
@@ -147,11 +153,14 @@ def _build(
     session.flush()  # the reads below run on the connection (Core rows: a third of the cost)
     parent = latest_version(session=session, domain_id=domain_id)
     domains = _sketched_domains(session, tenant_id, domain_id, recipe)
+    # Sketches are read by joins whose plans need current statistics (`refresh_statistics`).
+    refresh_statistics(session, ItemSketch.__tablename__)
     if parent is None or parent.stats.get("sketcher") != SKETCHER:
         # The first build under these sketch rules: every item of the domains, held by an
         # earlier version or not (what they trained on keeps new eval items out). After it,
         # each build sketches the items it reads without one.
-        ensure_sketches(session, domains, recipe.ngram)
+        made = ensure_sketches(session, domains, recipe.ngram)
+        refresh_statistics(session, ItemSketch.__tablename__, written=made)
     eligible = sketched_items(session, domain_id, recipe.ngram)
     history = History.load(session, domain_id)
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
