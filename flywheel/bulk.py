@@ -25,6 +25,8 @@ from sqlalchemy.dialects import sqlite
 from sqlalchemy.orm import Session
 from sqlalchemy.types import TypeEngine
 
+from flywheel.db import psycopg_connection
+
 T = TypeVar("T")
 CHUNK = 1_000  # ids per `IN (...)`: bounded statements however many rows a change touches
 
@@ -71,7 +73,7 @@ def _copy_ignoring_conflicts(
     )
     session.execute(text(f"TRUNCATE {staging}"))
     is_json = [_is_json(table.c[column].type) for column in columns]
-    cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    cursor = psycopg_connection(session).cursor()
     with cursor.copy(f"COPY {staging} ({names}) FROM STDIN") as copy:
         for row in rows:
             copy.write_row(
@@ -117,7 +119,7 @@ def _copy_into(session: Session, target: str, columns: list[str], data: bytes) -
     """COPY `data` (rows in COPY's text format, written by `_copy_text`) into `target`:
     half the CPU of psycopg's `write_row`, which calls a Python dumper per UUID and
     `json.dumps` per JSON value."""
-    cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    cursor = psycopg_connection(session).cursor()
     with cursor.copy(f"COPY {target} ({', '.join(columns)}) FROM STDIN") as copy:
         copy.write(data)
 

@@ -13,7 +13,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, cast
 
 from sqlalchemy import (
     JSON,
@@ -41,6 +41,9 @@ from sqlalchemy.types import TypeEngine
 
 from flywheel.errors import InvalidInput
 from flywheel.settings import Settings
+
+if TYPE_CHECKING:
+    import psycopg
 
 NAMING_CONVENTION = {
     "ix": "ix_%(column_0_label)s",
@@ -252,6 +255,12 @@ def core_transaction(factory: sessionmaker[Session]) -> Iterator[Connection]:
     else:
         with bind.begin() as connection:
             yield connection
+
+
+def psycopg_connection(session: Session) -> psycopg.Connection[Any]:
+    """The session's own psycopg connection (PostgreSQL), for COPY, server-side cursors and
+    array parameters: in its transaction, typed."""
+    return cast("psycopg.Connection[Any]", session.connection().connection.dbapi_connection)
 
 
 # What a domain lock serialises: feedback compiles, near-duplicate passes, dataset builds.

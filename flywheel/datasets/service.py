@@ -61,7 +61,7 @@ from flywheel.datasets.models import (
 from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.datasets.versions import latest_version
-from flywheel.db import domain_lock, refresh_statistics, utcnow
+from flywheel.db import domain_lock, psycopg_connection, refresh_statistics, utcnow
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.signals.models import (
     SOURCE_KINDS,
@@ -468,7 +468,7 @@ def _insert_members(
                 ]
 
     if session.get_bind().dialect.name == "postgresql":
-        cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor = psycopg_connection(session).cursor()
         with cursor.copy(f"COPY dataset_members ({', '.join(names)}) FROM STDIN") as copy:
             for row in rows():
                 copy.write_row(row)

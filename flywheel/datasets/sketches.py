@@ -43,7 +43,7 @@ from flywheel.datasets.items import (
     text_columns,
 )
 from flywheel.datasets.models import SKETCHER, ItemSketch
-from flywheel.db import utcnow
+from flywheel.db import psycopg_connection, utcnow
 from flywheel.errors import InvalidState
 from flywheel.signals.dedup import minhash_signatures
 
@@ -113,7 +113,7 @@ def _postgres_sketches(
         "SELECT {item}, grams, signature FROM item_sketches "
         "WHERE {item} = ANY(%s) AND ngram_words = %s"
     ).format(item=sql.Identifier(member_column))
-    cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+    cursor = psycopg_connection(session).cursor()
     for chunk in chunked(ids, ARRAY_LOOKUP):
         cursor.execute(query, [chunk, n])
         for item_id, grams, signature in cursor.fetchall():
@@ -205,7 +205,7 @@ def _insert(session: Session, kind: ItemKind, batch: list[_Unsketched], n: int) 
     ]
     if session.get_bind().dialect.name == "postgresql":
         session.flush()
-        cursor = session.connection().connection.dbapi_connection.cursor()  # type: ignore[union-attr]
+        cursor = psycopg_connection(session).cursor()
         with cursor.copy(f"COPY item_sketches ({', '.join(names)}) FROM STDIN") as copy:
             for row in rows:
                 copy.write_row(row)

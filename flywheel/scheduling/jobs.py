@@ -39,7 +39,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from typing import Any, cast
+from typing import Any
 
 import procrastinate
 import psycopg
@@ -49,7 +49,13 @@ from procrastinate.schema import SchemaManager
 from sqlalchemy import make_url, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.db import make_engine, make_session_factory, unit_of_work, utcnow
+from flywheel.db import (
+    make_engine,
+    make_session_factory,
+    psycopg_connection,
+    unit_of_work,
+    utcnow,
+)
 from flywheel.errors import Conflict, FlywheelError, InvalidState
 from flywheel.feedback import retention
 from flywheel.registry import canary, webhooks
@@ -259,7 +265,7 @@ def _sync_jobs() -> procrastinate.App:
 def _psycopg_connection(session: Session) -> psycopg.Connection[Any]:
     if session.get_bind().dialect.name != "postgresql":
         raise InvalidState(POSTGRES_ONLY)
-    return cast(psycopg.Connection[Any], session.connection().connection.driver_connection)
+    return psycopg_connection(session)
 
 
 # -- the schema ----------------------------------------------------------------------------

@@ -25,13 +25,13 @@ from collections import defaultdict
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any, cast
+from typing import Any
 
 import orjson
-import psycopg
 from sqlalchemy import func, select, text
 from sqlalchemy.orm import Session
 
+from flywheel.db import psycopg_connection
 from flywheel.feedback.models import FeedbackEvent, Interaction
 from flywheel.signals.compile.turns import encode, turn_sql
 
@@ -209,11 +209,6 @@ class Scope:
     @property
     def is_partial(self) -> bool:
         return self.since is not None or self.prompts is not None
-
-
-def psycopg_connection(session: Session) -> psycopg.Connection[Any]:
-    """The session's own psycopg connection, for server-side cursors and COPY."""
-    return cast(psycopg.Connection[Any], session.connection().connection.dbapi_connection)
 
 
 def prepare(session: Session, scope: Scope) -> None:

@@ -33,8 +33,7 @@ from sqlalchemy import ARRAY, Text, Uuid, any_, bindparam, column, select, text
 from sqlalchemy import table as sql_table
 from sqlalchemy.orm import Session
 
-from flywheel.db import UtcDateTime
-from flywheel.signals.compile.evidence import psycopg_connection
+from flywheel.db import UtcDateTime, psycopg_connection
 from flywheel.signals.store import SIGNAL_TABLES, retract
 
 COMPILER_VERSION = "feedback-compiler/1"
