@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import uuid
+from typing import Any
 
 from sqlalchemy import select
 
 from flywheel import migrate
-from flywheel.datasets.models import DatasetMember
+from flywheel.datasets.membership import version_members
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import make_engine, make_session_factory, unit_of_work
 from flywheel.models import SftExample
@@ -81,11 +83,15 @@ def main() -> None:
                 session=session, tenant_id=tenant.id, domain_id=ids["billing"],
                 recipe=DatasetRecipe(mix={"billing-eu": 1.0}),
             )  # fmt: skip
-            rows = session.execute(
-                select(DatasetMember.split, SftExample.messages)
-                .join(SftExample, SftExample.id == DatasetMember.sft_example_id)
-                .where(DatasetMember.dataset_version_id == built.version.id)
-            ).all()
+            held = version_members(session, built.version)
+            messages_of: dict[uuid.UUID, Any] = dict(
+                session.execute(
+                    select(SftExample.id, SftExample.messages).where(
+                        SftExample.id.in_([item.item_id for item in held])
+                    )
+                ).all()
+            )
+            rows = [(item.split, messages_of[item.item_id]) for item in held]
         evaluated = {messages[-1]["content"] for split, messages in rows if split == "eval"}
         train = [messages[-1]["content"] for split, messages in rows if split == "train"]
         leaked = sum(question in evaluated for question in train)

@@ -1,8 +1,7 @@
 """What a dataset version is built from: the signal tables as item kinds, an item's plain
-row (text to decontaminate, prompt key, weight, group), and the prompt keys a version holds.
+row (text to decontaminate, prompt key, weight, group).
 
     for item in eligible_items(session, domain_id, recipe.ngram): ...
-    prompt_keys(session, [version.id], "eval")   # the keys of what a model is scored on
 
 An item's prompt key (`flywheel.signals.content.prompt_key`: its conversation up to the
 completion, system messages aside, normalised) is the unit that keeps train and eval apart:
@@ -12,7 +11,7 @@ the same question in another domain, another table or another week has the same 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -21,9 +20,7 @@ from sqlalchemy import Text, and_, case, func, null, or_, select
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
-from flywheel.bulk import chunked
 from flywheel.datasets.models import SKETCHER, DatasetMember, DatasetVersion, ItemSketch
-from flywheel.datasets.split import Split
 from flywheel.signals.content import prompt_key, task_prompt_key
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
@@ -167,7 +164,7 @@ def text_and_key(parts: list[Any]) -> tuple[str, str]:
     if len(parts) == 1:  # a task: its prompt
         return str(parts[0]), task_prompt_key(str(parts[0]))
     messages_json, *responses = parts
-    messages = _messages(messages_json)
+    messages = messages_of(messages_json)
     # System prompts are left out: a fixed one of 13+ words would make every item "overlap".
     prompt = "\n".join(
         str(message.get("content", "")) for message in messages if message.get("role") != "system"
@@ -176,31 +173,7 @@ def text_and_key(parts: list[Any]) -> tuple[str, str]:
     return "\n".join([prompt, *said]), prompt_key(messages)
 
 
-def prompt_keys(session: Session, version_ids: Iterable[uuid.UUID], split: Split) -> set[str]:
-    """The prompt keys of every item these versions hold in `split` (of any domain: a mixed-in
-    item is keyed like the domain's own)."""
-    keys: set[str] = set()
-    ids = list(version_ids)
-    for kind in KINDS:
-        member = getattr(DatasetMember, kind.member_column)
-        prompt_column = text_columns(kind.model)[0]
-        for chunk in chunked(ids):
-            held = select(member).where(
-                DatasetMember.dataset_version_id.in_(chunk), DatasetMember.split == split
-            )  # an item held by several versions is read once
-            rows = session.execute(
-                select(prompt_column)
-                .where(kind.model.id.in_(held))
-                .execution_options(yield_per=5_000)
-            )
-            if kind.model is VerifiableTask:
-                keys.update(task_prompt_key(str(prompt)) for (prompt,) in rows)
-            else:
-                keys.update(prompt_key(_messages(messages)) for (messages,) in rows)
-    return keys
-
-
-def _messages(messages_json: Any) -> list[dict[str, Any]]:
+def messages_of(messages_json: Any) -> list[dict[str, Any]]:
     """A messages column as read: JSON text (cast for the text columns) or already parsed."""
     parsed = orjson.loads(messages_json) if isinstance(messages_json, str) else messages_json
     return list(parsed)

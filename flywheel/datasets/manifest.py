@@ -19,13 +19,17 @@ if TYPE_CHECKING:
 
 def order_items(items: list[Item], curriculum: str) -> list[Item]:
     """Tasks easy first (highest pass rate; unknown difficulty last) when asked, then
-    everything else; ties broken by content hash, so the order is reproducible."""
-    if curriculum == "easy_first":
-        return sorted(items, key=lambda item: (_ease(item), item.kind, item.content_sha256))
-    return sorted(items, key=lambda item: (item.kind, item.content_sha256))
+    everything else; ties broken by content hash, so the order is reproducible. Within a
+    kind, the order of (`ease_of`, content hash): how a version's rows are read back."""
+    return sorted(
+        items, key=lambda item: (ease_of(item, curriculum), item.kind, item.content_sha256)
+    )
 
 
-def _ease(item: Item) -> float:
+def ease_of(item: Item, curriculum: str) -> float:
+    """The curriculum's order key of an item (lowest first; 0 for every item without one)."""
+    if curriculum != "easy_first":
+        return 0.0
     if item.kind != "task":
         return 2.0
     return -item.difficulty if item.difficulty is not None else 1.0
@@ -33,17 +37,22 @@ def _ease(item: Item) -> float:
 
 def manifest_hashes(ordered: dict[str, list[Item]], recipe: DatasetRecipe) -> tuple[str, str]:
     """The version's hash (recipe and every item, in order) and its eval split's hash."""
-    eval_hash = _hash_lines(_lines("eval", ordered["eval"]))
+    eval_hash = hash_lines(_lines("eval", ordered["eval"]))
     everything = [json.dumps(asdict(recipe), sort_keys=True)]
     everything += [*_lines("eval", ordered["eval"]), *_lines("train", ordered["train"])]
-    return _hash_lines(everything), eval_hash
+    return hash_lines(everything), eval_hash
 
 
 def _lines(split: str, items: Iterable[Item]) -> list[str]:
-    return [f"{split}\t{item.kind}\t{item.content_sha256}\t{item.weight:.9g}" for item in items]
+    return [manifest_line(split, item.kind, item.content_sha256, item.weight) for item in items]
 
 
-def _hash_lines(lines: Iterable[str]) -> str:
+def manifest_line(split: str, kind: str, content_sha256: str, weight: float) -> str:
+    """One item's line of the manifest."""
+    return f"{split}\t{kind}\t{content_sha256}\t{weight:.9g}"
+
+
+def hash_lines(lines: Iterable[str]) -> str:
     digest = hashlib.sha256()
     for line in lines:
         digest.update(line.encode() + b"\n")

@@ -86,7 +86,13 @@ class DatasetVersion(IdMixin, Base):
 
 
 class DatasetMember(ItemRefs, Base):
-    """One item of a version, in exactly one split; exactly one of the item columns is set."""
+    """An item a domain's versions hold in one split, from the version that added the row
+    (`dataset_version_id`) until `until_version` (flywheel.datasets.membership): a version
+    stores what changed, not every item again. Exactly one of the item columns is set.
+
+    Which versions of that span hold it: an eval row, each; a train row, its first version
+    when it was new there (`is_new`), and each version whose replay draw picks the item.
+    """
 
     __tablename__ = "dataset_members"
     __table_args__ = (
@@ -108,7 +114,22 @@ class DatasetMember(ItemRefs, Base):
         Float, doc="The item's weight when the version was built (items may be retracted later)."
     )
     position: Mapped[int | None] = mapped_column(
-        doc="Order within the split (the curriculum): training reads items in this order."
+        doc="Order within the split of rows written for one version only (before versions "
+        "shared rows, migration ddc2b6e1f3a8); None since: `ease`, then the content hash."
+    )
+    until_version: Mapped[int | None] = mapped_column(
+        doc="The domain's first version number that no longer holds the row (None: still)."
+    )
+    is_new: Mapped[bool] = mapped_column(
+        default=True,
+        doc="Held by its first version whatever the replay draw (the item was new there, or "
+        "an eval item); later versions of its span hold a train row when they draw it.",
+    )
+    ease: Mapped[float] = mapped_column(
+        Float,
+        default=0.0,
+        doc="The curriculum's order key within a kind (flywheel.datasets.manifest), then the "
+        "item's content hash: how training reads the split.",
     )
 
 

@@ -1,17 +1,17 @@
 """A dataset version's items as export records, streamed from the database in their order.
 
-Weights are the version's own snapshot (`dataset_members.weight`): an item retracted after the
+Weights are the version's own snapshot (`dataset_members.weight`; what a version holds:
+flywheel.datasets.membership): an item retracted after the
 build still exports as the version saw it, so an export of a version is always the same.
 """
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Select, literal, select
+from sqlalchemy import literal
 from sqlalchemy.orm import Session
 
 from flywheel.datasets.export import ExportSummary, export_version
@@ -24,13 +24,14 @@ from flywheel.datasets.export_records import (
     TaskRecord,
 )
 from flywheel.datasets.items import KINDS
-from flywheel.datasets.models import DatasetMember, DatasetVersion
+from flywheel.datasets.membership import held_rows
+from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.versions import version_manifest
 from flywheel.errors import InvalidState
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
 SPLITS = ("train", "eval")
-CHUNK_ROWS = 1_000
+_KIND = {kind.member_column: kind for kind in KINDS}
 
 
 def export_dataset_version(
@@ -64,10 +65,10 @@ def version_streams(session: Session, version: DatasetVersion) -> dict[str, Item
     """Per split, each kind's records in the version's order (lazy: read while exporting)."""
     return {
         split: ItemStreams(
-            sft=_sft(session, version.id, split),
-            pairs=_pairs(session, version.id, split),
-            labels=_labels(session, version.id, split),
-            tasks=_tasks(session, version.id, split),
+            sft=_sft(session, version, split),
+            pairs=_pairs(session, version, split),
+            labels=_labels(session, version, split),
+            tasks=_tasks(session, version, split),
         )
         for split in SPLITS
     }
@@ -80,17 +81,16 @@ def version_lineage(session: Session, version: DatasetVersion) -> Iterator[dict[
     together). Split by split, kind by kind, in the version's order."""
     for split in SPLITS:
         for kind in KINDS:
-            model, item_column = kind.model, getattr(DatasetMember, kind.member_column)
+            model = kind.model
             columns = (model.id, model.source_kind, model.source_ref, model.group_key)
-            query = _members(columns, item_column, model, version.id, split)
-            for item_id, source_kind, source_ref, group_key, _ in _rows(session, query):
+            for row in held_rows(session, version, kind, split, columns):
                 yield {
                     "split": split,
                     "kind": kind.name,
-                    "item_id": str(item_id),
-                    "source_kind": source_kind,
-                    "source_ref": source_ref,
-                    "group_key": group_key,
+                    "item_id": str(row.id),
+                    "source_kind": row.source_kind,
+                    "source_ref": row.source_ref,
+                    "group_key": row.group_key,
                 }
 
 
@@ -102,13 +102,12 @@ def version_item_labels(
     only, else None). Kind by kind, in the version's order."""
     for kind in KINDS:
         model: Any = kind.model
-        item_column = getattr(DatasetMember, kind.member_column)
         is_task = model is VerifiableTask
         prompt = model.prompt if is_task else model.messages
         difficulty = model.difficulty if is_task else literal(None)
         columns = (model.id, model.source_kind, model.tags, prompt, difficulty)
-        query = _members(columns, item_column, model, version.id, split)
-        for item_id, source_kind, tags, text, level, _ in _rows(session, query):
+        for row in held_rows(session, version, kind, split, columns):
+            item_id, source_kind, tags, text, level = tuple(row)[:5]
             yield {
                 "item_id": str(item_id),
                 "source_kind": source_kind,
@@ -123,24 +122,7 @@ def _last_user_text(messages: list[dict[str, Any]]) -> str:
     return users[-1] if users else ""
 
 
-def _rows(session: Session, query: Select[Any]) -> Iterator[Any]:
-    """Plain rows through a server-side cursor: no ORM objects, so nothing accumulates in the
-    session while a million rows go by."""
-    yield from session.execute(query.execution_options(stream_results=True, yield_per=CHUNK_ROWS))
-
-
-def _members(
-    columns: tuple[Any, ...], item_column: Any, model: Any, version_id: uuid.UUID, split: str
-) -> Select[Any]:
-    return (
-        select(*columns, DatasetMember.weight)
-        .join(DatasetMember, item_column == model.id)
-        .where(DatasetMember.dataset_version_id == version_id, DatasetMember.split == split)
-        .order_by(DatasetMember.position)
-    )
-
-
-def _sft(session: Session, version_id: uuid.UUID, split: str) -> Iterator[SftRecord]:
+def _sft(session: Session, version: DatasetVersion, split: str) -> Iterator[SftRecord]:
     model = SftExample
     columns = (
         model.messages,
@@ -150,19 +132,18 @@ def _sft(session: Session, version_id: uuid.UUID, split: str) -> Iterator[SftRec
         model.tools,
         model.completion_tool_calls,
     )
-    query = _members(columns, DatasetMember.sft_example_id, model, version_id, split)
-    for messages, completion, group_key, item_id, tools, calls, weight in _rows(session, query):
-        yield SftRecord(messages, completion, weight, group_key, str(item_id), tools, calls)
+    for row in held_rows(session, version, _KIND["sft_example_id"], split, columns):
+        messages, completion, group_key, item_id, tools, calls = tuple(row)[:6]
+        yield SftRecord(messages, completion, row.weight, group_key, str(item_id), tools, calls)
 
 
-def _pairs(session: Session, version_id: uuid.UUID, split: str) -> Iterator[PairRecord]:
+def _pairs(session: Session, version: DatasetVersion, split: str) -> Iterator[PairRecord]:
     model = PreferencePair
     columns = (
         *(model.messages, model.chosen, model.rejected, model.why, model.group_key, model.id),
         *(model.tools, model.chosen_tool_calls, model.rejected_tool_calls),
     )
-    query = _members(columns, DatasetMember.preference_pair_id, model, version_id, split)
-    for row in _rows(session, query):
+    for row in held_rows(session, version, _KIND["preference_pair_id"], split, columns):
         yield PairRecord(
             *(row.messages, row.chosen, row.rejected, row.weight, row.why, row.group_key),
             item_id=str(row.id),
@@ -172,7 +153,7 @@ def _pairs(session: Session, version_id: uuid.UUID, split: str) -> Iterator[Pair
         )
 
 
-def _labels(session: Session, version_id: uuid.UUID, split: str) -> Iterator[LabelRecord]:
+def _labels(session: Session, version: DatasetVersion, split: str) -> Iterator[LabelRecord]:
     model = LabeledCompletion
     columns = (
         model.messages,
@@ -184,8 +165,7 @@ def _labels(session: Session, version_id: uuid.UUID, split: str) -> Iterator[Lab
         model.tools,
         model.completion_tool_calls,
     )
-    query = _members(columns, DatasetMember.labeled_completion_id, model, version_id, split)
-    for row in _rows(session, query):
+    for row in held_rows(session, version, _KIND["labeled_completion_id"], split, columns):
         yield LabelRecord(
             *(row.messages, row.completion, row.is_desirable, row.weight, row.group_key),
             item_id=str(row.id),
@@ -195,7 +175,7 @@ def _labels(session: Session, version_id: uuid.UUID, split: str) -> Iterator[Lab
         )
 
 
-def _tasks(session: Session, version_id: uuid.UUID, split: str) -> Iterator[TaskRecord]:
+def _tasks(session: Session, version: DatasetVersion, split: str) -> Iterator[TaskRecord]:
     model = VerifiableTask
     columns = (
         model.prompt,
@@ -213,8 +193,7 @@ def _tasks(session: Session, version_id: uuid.UUID, split: str) -> Iterator[Task
         model.expected_calls,
         model.environment,
     )
-    query = _members(columns, DatasetMember.verifiable_task_id, model, version_id, split)
-    for row in _rows(session, query):
+    for row in held_rows(session, version, _KIND["verifiable_task_id"], split, columns):
         yield TaskRecord(
             prompt=row.prompt,
             entry_point=row.entry_point,

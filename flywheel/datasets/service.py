@@ -37,31 +37,30 @@ eval split is empty or below the gate's minimum returns warnings with the fix
 
 from __future__ import annotations
 
-import hashlib
 import uuid
 from collections import Counter
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
-from sqlalchemy import Table, select, update
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 
 from flywheel.bulk import chunked, insert_new_rows
 from flywheel.datasets.eval_size import eval_size_warnings
-from flywheel.datasets.items import KINDS, History, Item
+from flywheel.datasets.items import History, Item
 from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
+from flywheel.datasets.membership import Wanted, is_drawn, write_changes
 from flywheel.datasets.models import (
     SKETCHER,
     DatasetGroup,
-    DatasetMember,
     DatasetVersion,
     ItemSketch,
 )
 from flywheel.datasets.settings import dataset_settings
 from flywheel.datasets.split import Split, assign_groups
 from flywheel.datasets.versions import latest_version
-from flywheel.db import domain_lock, psycopg_connection, refresh_statistics, utcnow
+from flywheel.db import domain_lock, refresh_statistics, utcnow
 from flywheel.errors import InvalidInput, NotFound
 from flywheel.signals.models import (
     SOURCE_KINDS,
@@ -69,7 +68,6 @@ from flywheel.signals.models import (
 from flywheel.tenancy.models import Domain
 from flywheel.tenancy.service import get_domain
 
-MEMBERS: Table = DatasetMember.__table__  # type: ignore[assignment]
 BUILDER = 2
 """The build rules' version, kept in each version's stats: a version built by older rules (1:
 before prompt keys kept eval prompts out of train) is rebuilt even when no item is new."""
@@ -120,6 +118,8 @@ class Built:
     stats: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
     """One line per problem with the splits, with its fix (flywheel.datasets.eval_size)."""
+    rows: dict[str, int] = field(default_factory=dict)
+    """Member rows the version kept open, closed and added (flywheel.datasets.membership)."""
 
 
 def build_dataset_version(
@@ -166,7 +166,9 @@ def _build(
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     number = (parent.version + 1) if parent else 1
-    evaluation, train, stats = _choose([*eligible, *mixed], splits, history, recipe, number)
+    evaluation, train, undrawn, stats = _choose(
+        [*eligible, *mixed], splits, history, recipe, number
+    )
     is_same = parent is not None and _is_same_recipe(parent, recipe)
     if parent is not None and is_same and not stats["new"] and not stats["new_eval"]:
         return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
@@ -174,6 +176,7 @@ def _build(
         session, domain_id, evaluation, history.evaluated, recipe.ngram
     )
     train, stats["source_weighted_out"] = _source_weighted(train, recipe.source_weights)
+    undrawn, _ = _source_weighted(undrawn, recipe.source_weights)
     train, contaminated = decontaminate(session, train, [*evaluation, *their_eval], recipe)
     if parent is not None and is_same and not _has_new(evaluation, train, history):
         # what was new was left out again (withheld, weighted out, contaminated): no new version
@@ -203,8 +206,9 @@ def _build(
     session.add(version)
     session.flush()
     _record_groups(session, domain_id, splits.new, version.id)
-    _insert_members(session, version.id, ordered)
-    return Built(version, is_new=True, stats=stats)
+    wanted = Wanted(ordered["eval"], ordered["train"], undrawn, history.seen, recipe.curriculum)
+    rows = write_changes(session, domain_id, version, wanted)
+    return Built(version, is_new=True, stats=stats, rows=rows)
 
 
 def build_for(
@@ -215,18 +219,6 @@ def build_for(
     return build_dataset_version(
         session=session, tenant_id=tenant_id, domain_id=domain_id, recipe=recipe
     )
-
-
-def versions_holding(
-    session: Session, member_column: str, item_ids: list[uuid.UUID]
-) -> set[uuid.UUID]:
-    """The dataset versions that hold any of these items (of the kind `member_column` names)."""
-    column = getattr(DatasetMember, member_column)
-    found: set[uuid.UUID] = set()
-    for chunk in chunked(item_ids):
-        query = select(DatasetMember.dataset_version_id).where(column.in_(chunk)).distinct()
-        found.update(session.scalars(query))
-    return found
 
 
 def taint_versions(
@@ -394,9 +386,11 @@ def _assign(
 
 def _choose(
     eligible: list[Item], splits: _Splits, history: History, recipe: DatasetRecipe, number: int
-) -> tuple[list[Item], list[Item], dict[str, Any]]:
+) -> tuple[list[Item], list[Item], list[Item], dict[str, Any]]:
+    """Eval, train (new and replayed) and the replay candidates this version did not draw."""
     evaluation: list[Item] = []
     train: list[Item] = []
+    undrawn: list[Item] = []
     counts: Counter[str] = Counter()
     for item in eligible:
         key = (item.kind, item.id)
@@ -413,15 +407,17 @@ def _choose(
         elif _drawn(str(number), item, recipe.replay_fraction):  # replay: afresh each version
             train.append(item)
             counts["replayed"] += 1
+        else:
+            undrawn.append(item)
     names = ("new", "new_eval", "replayed")
     mixed = {key.partition(":")[2]: n for key, n in sorted(counts.items()) if ":" in key}
-    return evaluation, train, {name: counts[name] for name in names} | {"mixed": mixed}
+    stats = {name: counts[name] for name in names} | {"mixed": mixed}
+    return evaluation, train, undrawn, stats
 
 
 def _drawn(salt: str, item: Item, fraction: float) -> bool:
     """A deterministic sample: the same salt and fraction draw the same items."""
-    digest = hashlib.sha256(f"{salt}\n{item.content_sha256}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    return is_drawn(salt, item.content_sha256, fraction)
 
 
 def _record_groups(
@@ -441,38 +437,3 @@ def _record_groups(
     # New groups as a rule (the domain is locked, and these are the groups no build placed):
     # one COPY, which falls back to skipping conflicts if one was placed after all.
     insert_new_rows(session, DatasetGroup.__table__, rows)  # type: ignore[arg-type]
-
-
-def _insert_members(
-    session: Session, version_id: uuid.UUID, ordered: dict[str, list[Item]]
-) -> None:
-    """Every member row, new ids in a new version (nothing to conflict with): COPY on
-    PostgreSQL, one executemany on SQLite."""
-    slot = {kind.name: index for index, kind in enumerate(KINDS)}
-    names = ["id", "dataset_version_id", "split", "group_key", "weight", "position"]
-    names += [kind.member_column for kind in KINDS]
-
-    def rows() -> Iterator[list[Any]]:
-        for split, items in ordered.items():
-            for position, item in enumerate(items):
-                refs: list[uuid.UUID | None] = [None] * len(KINDS)
-                refs[slot[item.kind]] = item.id
-                yield [
-                    uuid.uuid4(),
-                    version_id,
-                    split,
-                    item.group_key,
-                    item.weight,
-                    position,
-                    *refs,
-                ]
-
-    if session.get_bind().dialect.name == "postgresql":
-        cursor = psycopg_connection(session).cursor()
-        with cursor.copy(f"COPY dataset_members ({', '.join(names)}) FROM STDIN") as copy:
-            for row in rows():
-                copy.write_row(row)
-        return
-    members = [dict(zip(names, row, strict=True)) for row in rows()]
-    if members:  # an empty version (a domain without signal yet) has none
-        session.execute(MEMBERS.insert(), members)

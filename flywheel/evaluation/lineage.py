@@ -15,7 +15,7 @@ import uuid
 
 from sqlalchemy.orm import Session
 
-from flywheel.datasets.items import prompt_keys
+from flywheel.datasets.membership import prompt_keys
 from flywheel.datasets.models import DatasetVersion
 from flywheel.errors import InvalidState
 from flywheel.registry.models import ModelVersion, Run

@@ -31,7 +31,8 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.bulk import chunked
 from flywheel.datasets.items import KINDS
-from flywheel.datasets.service import taint_versions, versions_holding
+from flywheel.datasets.membership import versions_holding
+from flywheel.datasets.service import taint_versions
 from flywheel.db import unit_of_work
 from flywheel.errors import InvalidInput
 from flywheel.feedback import retention

@@ -19,7 +19,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.items import prompt_keys
+from flywheel.datasets.membership import prompt_keys
 from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.service import build_dataset_version
 from flywheel.datasets.versions import latest_version

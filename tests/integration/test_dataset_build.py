@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.models import ITEM_COLUMNS, DatasetMember
+from flywheel.datasets.membership import stored_manifest, version_members
+from flywheel.datasets.models import DatasetMember, DatasetVersion
 from flywheel.datasets.service import Built, DatasetRecipe, build_dataset_version
 from flywheel.datasets.split import hashed_split
 from flywheel.db import unit_of_work
@@ -80,14 +81,14 @@ def build(sessions: sessionmaker[Session], caller: Caller, recipe: DatasetRecipe
 
 
 def members(sessions: sessionmaker[Session], version_id: uuid.UUID) -> dict[str, set[uuid.UUID]]:
+    """What the version holds, split by split; checked against its manifest hash on the way."""
     with sessions() as session:
-        rows = session.scalars(
-            select(DatasetMember).where(DatasetMember.dataset_version_id == version_id)
-        ).all()
+        version = session.get_one(DatasetVersion, version_id)
+        held = version_members(session, version)
+        assert stored_manifest(session, version) == version.manifest_sha256
     splits: dict[str, set[uuid.UUID]] = {"train": set(), "eval": set()}
-    for row in rows:
-        (item_id,) = [getattr(row, column) for column in ITEM_COLUMNS if getattr(row, column)]
-        splits[row.split].add(item_id)
+    for item in held:
+        splits[item.split].add(item.item_id)
     return splits
 
 
@@ -363,10 +364,88 @@ def test_members_keep_each_weight_and_position_exactly(
     version = build(sessions, acme).version
 
     with sessions() as session:
-        rows = session.execute(
-            select(DatasetMember.group_key, DatasetMember.weight, DatasetMember.position).where(
-                DatasetMember.dataset_version_id == version.id
+        held = version_members(session, version)
+        assert stored_manifest(session, version) == version.manifest_sha256
+    assert {item.group_key: item.weight for item in held} == dict(zip(groups, weights, strict=True))
+
+
+def member_rows(sessions: sessionmaker[Session]) -> int:
+    with sessions() as session:
+        return session.scalar(select(func.count()).select_from(DatasetMember)) or 0
+
+
+def held(sessions: sessionmaker[Session], version: DatasetVersion) -> dict[str, dict[str, float]]:
+    """Split -> group key -> weight of what the version holds, checked against its manifest."""
+    with sessions() as session:
+        found: dict[str, dict[str, float]] = {"train": {}, "eval": {}}
+        for item in version_members(session, version):
+            found[item.split][item.group_key] = item.weight
+        assert stored_manifest(session, version) == version.manifest_sha256
+    return found
+
+
+def test_a_version_stores_what_changed_and_reads_back_what_it_holds(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """A week's version writes rows for its new items, not its whole eval set and a fresh
+    replay draw again; reading it (and every earlier version) gives what its build hashed."""
+    domain_id = domain_of(sessions, acme)
+    recipe = DatasetRecipe(eval_fraction=0.3, replay_fraction=0.5)
+    old = list(groups_in("train", domain_id, 60)) + list(groups_in("eval", domain_id, 20))
+    store(sessions, acme, [sft(group, f"{group} question") for group in old])
+    first = build(sessions, acme, recipe)
+    v1 = held(sessions, first.version)
+    assert (len(v1["train"]), len(v1["eval"])) == (60, 20)
+
+    new = list(groups_in("train", domain_id, 3, prefix="new"))
+    store(sessions, acme, [sft(group, f"{group} question") for group in new])
+    before = member_rows(sessions)
+    second = build(sessions, acme, recipe)
+
+    assert member_rows(sessions) - before == second.rows["added"] == 3
+    v2 = held(sessions, second.version)
+    assert v2["eval"] == v1["eval"]
+    replayed = set(v2["train"]) - set(new)
+    assert set(new) <= set(v2["train"])
+    assert replayed < set(v1["train"])
+    assert len(replayed) == second.stats["replayed"] > 0  # drawn when read, not stored
+    assert held(sessions, first.version) == v1  # an earlier version reads as it was built
+
+
+def test_items_that_change_leave_the_versions_after_and_stay_in_those_before(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    domain_id = domain_of(sessions, acme)
+    recipe = DatasetRecipe(eval_fraction=0.3, replay_fraction=1.0)  # every old item replayed
+    train = list(groups_in("train", domain_id, 6))
+    evaluated = list(groups_in("eval", domain_id, 3))
+    store(sessions, acme, [sft(group, f"{group} question") for group in train + evaluated])
+    first = build(sessions, acme, recipe).version
+    retracted, reweighted, dropped_eval = train[0], train[1], evaluated[0]
+    with unit_of_work(sessions) as session:
+        for group, weight in ((retracted, 0.0), (reweighted, 0.25), (dropped_eval, 0.0)):
+            session.execute(
+                update(SftExample).where(SftExample.group_key == group).values(weight=weight)
             )
-        ).all()
-    assert {group: weight for group, weight, _ in rows} == dict(zip(groups, weights, strict=True))
-    assert sorted(position for _, _, position in rows) == list(range(len(weights)))
+    store(sessions, acme, [sft("new-0", "new-0 question")])
+    second = build(sessions, acme, recipe)
+
+    v2 = held(sessions, second.version)
+    assert set(v2["train"]) == set(train) - {retracted} | {"new-0"}
+    assert v2["train"][reweighted] == 0.25
+    assert set(v2["eval"]) == set(evaluated) - {dropped_eval}
+    # closed: the retracted train item, both items of changed weight (one reopened)
+    assert (second.rows["closed"], second.rows["added"]) == (3, 2)
+    v1 = held(sessions, first)
+    assert set(v1["train"]) == set(train)
+    assert v1["train"][reweighted] == 1.0
+    assert set(v1["eval"]) == set(evaluated)
+
+    with unit_of_work(sessions) as session:  # back to its weight: it reopens as it was
+        session.execute(
+            update(SftExample).where(SftExample.group_key == reweighted).values(weight=1.0)
+        )
+    store(sessions, acme, [sft("new-1", "new-1 question")])
+    third = build(sessions, acme, recipe)
+    assert held(sessions, third.version)["train"][reweighted] == 1.0
+    assert held(sessions, second.version)["train"][reweighted] == 0.25

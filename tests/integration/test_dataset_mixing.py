@@ -11,8 +11,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.items import prompt_keys
-from flywheel.datasets.models import DatasetMember
+from flywheel.datasets.membership import prompt_keys, stored_manifest, version_members
+from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.service import Built, DatasetRecipe, build_dataset_version
 from flywheel.datasets.split import Split
 from flywheel.db import unit_of_work
@@ -81,14 +81,13 @@ def split_items(
     sessions: sessionmaker[Session], version_id: uuid.UUID
 ) -> dict[str, dict[uuid.UUID, float]]:
     with sessions() as session:
-        rows = session.execute(
-            select(DatasetMember.split, DatasetMember.sft_example_id, DatasetMember.weight).where(
-                DatasetMember.dataset_version_id == version_id
-            )
-        ).all()
+        version = session.get_one(DatasetVersion, version_id)
+        held = version_members(session, version)
+        assert stored_manifest(session, version) == version.manifest_sha256
     found: dict[str, dict[uuid.UUID, float]] = {"train": {}, "eval": {}}
-    for split, item_id, weight in rows:
-        found[split][item_id] = weight
+    for item in held:
+        assert item.kind == "sft"
+        found[item.split][item.item_id] = item.weight
     return found
 
 

@@ -9,7 +9,8 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.items import prompt_keys
+from flywheel.datasets.items import KINDS
+from flywheel.datasets.membership import held_item_ids, prompt_keys
 from flywheel.datasets.models import DatasetMember, DatasetVersion
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work
@@ -50,6 +51,9 @@ def candidate(session: Session, caller: Caller, dataset_id: uuid.UUID | None) ->
     return version
 
 
+SFT = KINDS[0]
+
+
 def leaky_copy(session: Session, built: DatasetVersion) -> DatasetVersion:
     """A version as the builder before prompt keys could leave one: `built`'s eval items in
     its train split too (the same questions, here the very items)."""
@@ -59,19 +63,19 @@ def leaky_copy(session: Session, built: DatasetVersion) -> DatasetVersion:
     )  # fmt: skip
     session.add(leaky)
     session.flush()
-    for position, item_id in enumerate(
-        session.scalars(
-            select(DatasetMember.sft_example_id).where(
-                DatasetMember.dataset_version_id == built.id, DatasetMember.split == "eval"
-            )
-        )
-    ):
+    for position, item_id in enumerate(list(held_item_ids(session, built, SFT, "eval"))):
         session.add(
             DatasetMember(
-                id=uuid.uuid4(), dataset_version_id=leaky.id, split="train",
-                group_key="g", weight=1.0, position=position, sft_example_id=item_id,
+                id=uuid.uuid4(),
+                dataset_version_id=leaky.id,
+                split="train",
+                group_key="g",
+                weight=1.0,
+                position=position,
+                until_version=1,
+                sft_example_id=item_id,
             )
-        )  # fmt: skip
+        )  # fmt: skip (a row written for its version only)
     session.flush()
     return leaky
 

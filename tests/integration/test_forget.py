@@ -12,11 +12,10 @@ import pytest
 from sqlalchemy import select
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.models import ITEM_COLUMNS
+from flywheel.datasets.membership import version_members
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work
 from flywheel.models import (
-    DatasetMember,
     DatasetVersion,
     FeedbackEvent,
     ForgetRequest,
@@ -87,10 +86,8 @@ def texts_stored(sessions: sessionmaker[Session]) -> str:
 
 def member_items(sessions: sessionmaker[Session], version_id: uuid.UUID) -> set[uuid.UUID]:
     with sessions() as session:
-        rows = session.scalars(
-            select(DatasetMember).where(DatasetMember.dataset_version_id == version_id)
-        ).all()
-    return {next(getattr(row, c) for c in ITEM_COLUMNS if getattr(row, c)) for row in rows}
+        version = session.get_one(DatasetVersion, version_id)
+        return {held.item_id for held in version_members(session, version)}
 
 
 @pytest.fixture

@@ -15,6 +15,7 @@ from sqlalchemy import select, update
 from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
+from flywheel.datasets.membership import version_members
 from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work, utcnow
 from flywheel.feedback import retention
@@ -22,7 +23,6 @@ from flywheel.feedback.forget import forget
 from flywheel.feedback.models import PurgedFeedback, subject_sha256
 from flywheel.feedback.retention import purge_raw_events
 from flywheel.models import (
-    DatasetMember,
     Domain,
     FeedbackEvent,
     Interaction,
@@ -152,7 +152,7 @@ def test_old_compiled_events_go_and_the_signal_stays_with_its_provenance(
             recipe=DatasetRecipe(eval_fraction=0.0, replay_fraction=0.0),
         ).version
     with sessions() as session:
-        members = session.query(DatasetMember).filter_by(dataset_version_id=version.id).count()
+        members = len(version_members(session, version))
 
     report = purge(sessions)
 
@@ -164,7 +164,7 @@ def test_old_compiled_events_go_and_the_signal_stays_with_its_provenance(
     assert raters(sessions) == {"u-3", "u-9"}  # today's, and the never-compiled tenant's
     with sessions() as session:
         kept = session.scalars(select(Interaction.response)).all()
-        held = session.query(DatasetMember).filter_by(dataset_version_id=version.id).count()
+        held = len(version_members(session, version))
     assert sorted(kept) == ["C: cancel in settings", "D"]
     assert compiled(sessions) == before  # same items, same provenance, same weights
     assert SECRET_FIX in texts(sessions)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,6 +16,8 @@ from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.schema import CreateIndex
 
 from flywheel import migrate
+from flywheel.datasets.membership import version_members
+from flywheel.datasets.models import DatasetVersion
 from flywheel.db import unit_of_work
 from flywheel.feedback import service
 from flywheel.models import Base, FeedbackEvent
@@ -201,5 +204,89 @@ def test_signal_tool_call_columns_keep_existing_rows_as_text_items(empty_databas
         with engine.connect() as connection:
             found = connection.execute(text("SELECT completion FROM sft_examples")).scalar_one()
         assert found == "the answer"
+    finally:
+        engine.dispose()
+
+
+def test_member_rows_written_per_version_read_back_as_their_version_held_them(
+    empty_database: str,
+) -> None:
+    """ddc2b6e1f3a8 makes member rows span versions: a row written for one version before it
+    spans that version only, in its stored position, and the downgrade keeps it."""
+    migrate.upgrade(empty_database, "e5a9c3f1b2d7")
+    engine = create_engine(empty_database, poolclass=pool.NullPool)
+    is_postgres = engine.dialect.name == "postgresql"
+
+    def uid(number: int) -> str:
+        plain = f"{number:032x}"
+        return str(uuid.UUID(plain)) if is_postgres else plain
+
+    tenant, domain, v1, v2 = uid(1), uid(2), uid(3), uid(4)
+    items = {name: uid(10 + n) for n, name in enumerate("abc")}
+    # v1: train a, b; v2: train c then b (its curriculum order), eval a
+    rows = [(v1, "train", "a", 0), (v1, "train", "b", 1)]
+    rows += [(v2, "train", "c", 0), (v2, "train", "b", 1), (v2, "eval", "a", 0)]
+    try:
+        with engine.begin() as connection:
+            run = connection.execute
+            run(
+                text(
+                    "INSERT INTO tenants (id, created_at, name) VALUES (:t, CURRENT_TIMESTAMP, 'acme')"
+                ),
+                {"t": tenant},
+            )  # noqa: E501
+            run(
+                text(
+                    "INSERT INTO domains (id, created_at, tenant_id, name, config) VALUES (:d, CURRENT_TIMESTAMP, :t, 'billing', '{}')"
+                ),
+                {"d": domain, "t": tenant},
+            )  # noqa: E501
+            for name, item in items.items():
+                run(
+                    text(
+                        "INSERT INTO sft_examples (id, created_at, tenant_id, domain_id, "
+                        "source_kind, group_key, content_sha256, ingestor_version, "
+                        "redaction_report, weight, messages, completion) VALUES (:i, "
+                        "CURRENT_TIMESTAMP, :t, :d, 'api', :n, :h, 'v', '{}', 1.0, '[]', :c)"
+                    ),
+                    {"i": item, "t": tenant, "d": domain, "n": name, "h": name, "c": name},
+                )
+            for number, version in enumerate((v1, v2), start=1):
+                run(
+                    text(
+                        "INSERT INTO dataset_versions (id, created_at, tenant_id, domain_id, "
+                        "version, manifest_sha256, recipe, stats) VALUES (:v, "
+                        "CURRENT_TIMESTAMP, :t, :d, :n, :h, '{\"replay_fraction\": 0.0}', '{}')"
+                    ),
+                    {"v": version, "t": tenant, "d": domain, "n": number, "h": str(number)},
+                )
+            for n, (version, split, name, position) in enumerate(rows):
+                run(
+                    text(
+                        "INSERT INTO dataset_members (id, dataset_version_id, split, group_key, "
+                        "weight, position, sft_example_id) VALUES (:i, :v, :s, :n, 1.0, :p, :x)"
+                    ),
+                    {"i": uid(100 + n), "v": version, "s": split, "n": name, "p": position}
+                    | {"x": items[name]},
+                )
+        migrate.upgrade(empty_database)
+        with Session(engine) as session:
+            held = {
+                number: [
+                    (item.split, item.group_key)
+                    for item in version_members(
+                        session, session.get_one(DatasetVersion, uuid.UUID(version))
+                    )
+                ]
+                for number, version in ((1, v1), (2, v2))
+            }
+        assert held == {
+            1: [("train", "a"), ("train", "b")],
+            2: [("train", "c"), ("train", "b"), ("eval", "a")],
+        }
+        migrate.downgrade(empty_database, "e5a9c3f1b2d7")
+        with engine.connect() as connection:
+            kept = connection.execute(text("SELECT count(*) FROM dataset_members")).scalar_one()
+        assert kept == len(rows)
     finally:
         engine.dispose()

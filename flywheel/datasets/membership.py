@@ -1,0 +1,318 @@
+"""What a dataset version holds, stored as what changed: a member row spans versions.
+
+A row (`DatasetMember`) runs from the version that added it (`dataset_version_id`, its first)
+to `until_version` (the first of the domain's versions that no longer holds it; None: still
+open). A version v of the row's domain within that span holds it when
+
+- it is an eval row (the eval set only grows: a row ends when its item stops being eligible);
+- it is a train row new there (`is_new`) and v is its first version;
+- it is a train row and v's replay draw picks it (`is_drawn(str(v), content hash, v's replay
+  fraction)`: afresh each version, as the build draws).
+
+So a build writes rows for its new items and closes the rows of items that left (retracted,
+contaminated by a new eval item, weight or curriculum key changed: those reopen with the new
+values), instead of writing every item it holds again. A train row stays open while its item
+is a replay candidate; it is checked (eligible, decontaminated, weight) by the builds that
+draw it, and a build that draws it and finds it wanting closes it there. Rows written before
+rows spanned versions span their own version only and keep their `position`.
+
+    for row in held_rows(session, version, kind, "train", (kind.model.id,)): row.id, row.weight
+    held_item_ids(session, version, kind, "eval")
+    prompt_keys(session, [version.id], "eval")          # the keys of what a model is scored on
+    versions_holding(session, "sft_example_id", ids)    # forget: the versions to taint
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Row, Select, or_, select, update
+from sqlalchemy.orm import Session, aliased
+
+from flywheel.bulk import chunked
+from flywheel.datasets.items import KINDS, Item, ItemKind, messages_of, text_columns
+from flywheel.datasets.manifest import ease_of, hash_lines, manifest_line
+from flywheel.datasets.models import DatasetMember, DatasetVersion
+from flywheel.db import psycopg_connection
+from flywheel.signals.content import prompt_key, task_prompt_key
+from flywheel.signals.models import VerifiableTask
+
+CHUNK_ROWS = 1_000
+FIRST = aliased(DatasetVersion, name="first_version")
+"""The version that added a row (the start of its span)."""
+
+
+def is_drawn(salt: str, content_sha256: str, fraction: float) -> bool:
+    """A deterministic sample: the same salt and fraction draw the same items."""
+    digest = hashlib.sha256(f"{salt}\n{content_sha256}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+
+
+def holds(
+    version: DatasetVersion, split: str, first: int, is_new: bool, content_sha256: str
+) -> bool:
+    """Whether the version holds a row of its domain whose span covers it."""
+    if split == "eval" or (is_new and first == version.version):
+        return True
+    return is_drawn(str(version.version), content_sha256, version.recipe["replay_fraction"])
+
+
+def held_rows(
+    session: Session, version: DatasetVersion, kind: ItemKind, split: str, columns: Iterable[Any]
+) -> Iterator[Row[Any]]:
+    """The columns of each `kind` item the version holds in `split`, then its `weight` as the
+    version saw it, in the version's order; streamed (a server-side cursor, plain rows)."""
+    model, column = kind.model, getattr(DatasetMember, kind.member_column)
+    held = (
+        FIRST.version.label("held_first"),
+        DatasetMember.is_new.label("held_is_new"),
+        model.content_sha256.label("held_sha256"),
+    )
+    query = (
+        _spanning(select(*columns, DatasetMember.weight, *held), version, split)
+        .join(model, column == model.id)
+        .order_by(DatasetMember.position, DatasetMember.ease, model.content_sha256)
+    )
+    rows = session.execute(query.execution_options(stream_results=True, yield_per=CHUNK_ROWS))
+    for row in rows:
+        if holds(version, split, row.held_first, row.held_is_new, row.held_sha256):
+            yield row
+
+
+def held_item_ids(
+    session: Session, version: DatasetVersion, kind: ItemKind, split: str
+) -> Iterator[uuid.UUID]:
+    """The ids of the `kind` items the version holds in `split` (in its order)."""
+    for row in held_rows(session, version, kind, split, (kind.model.id,)):
+        yield row.id
+
+
+def prompt_keys(session: Session, version_ids: Iterable[uuid.UUID], split: str) -> set[str]:
+    """The prompt keys (flywheel.datasets.items) of every item these versions hold in `split`
+    (of any domain: a mixed-in item is keyed like the domain's own)."""
+    keys: set[str] = set()
+    for version_id in set(version_ids):
+        version = session.get_one(DatasetVersion, version_id)
+        for kind in KINDS:
+            held = sorted(set(held_item_ids(session, version, kind, split)))
+            prompt_column = text_columns(kind.model)[0]
+            for chunk in chunked(held):
+                rows = session.execute(select(prompt_column).where(kind.model.id.in_(chunk)))
+                if kind.model is VerifiableTask:
+                    keys.update(task_prompt_key(str(prompt)) for (prompt,) in rows)
+                else:
+                    keys.update(prompt_key(messages_of(messages)) for (messages,) in rows)
+    return keys
+
+
+def versions_holding(
+    session: Session, member_column: str, item_ids: list[uuid.UUID]
+) -> set[uuid.UUID]:
+    """The dataset versions that hold any of these items (of the kind `member_column` names),
+    in any split and in any domain (a mixed-in item is held by the versions that mixed it)."""
+    kind = next(kind for kind in KINDS if kind.member_column == member_column)
+    column = getattr(DatasetMember, member_column)
+    spans: list[tuple[Any, ...]] = []
+    for chunk in chunked(item_ids):
+        spans += session.execute(
+            select(
+                FIRST.domain_id,
+                DatasetMember.split,
+                FIRST.version,
+                DatasetMember.until_version,
+                DatasetMember.is_new,
+                kind.model.content_sha256,
+            )
+            .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+            .join(kind.model, kind.model.id == column)
+            .where(column.in_(chunk))
+        ).all()
+    versions: dict[uuid.UUID, list[DatasetVersion]] = {}
+    for domain_id in {span[0] for span in spans}:
+        versions[domain_id] = list(
+            session.scalars(select(DatasetVersion).where(DatasetVersion.domain_id == domain_id))
+        )
+    return {
+        version.id
+        for domain_id, split, first, until, is_new, sha256 in spans
+        for version in versions[domain_id]
+        if first <= version.version
+        and (until is None or version.version < until)
+        and holds(version, split, first, is_new, sha256)
+    }
+
+
+@dataclass(frozen=True)
+class Held:
+    """One item a version holds, as the version saw it."""
+
+    split: str
+    kind: str
+    item_id: uuid.UUID
+    group_key: str
+    content_sha256: str
+    weight: float
+
+
+def version_members(session: Session, version: DatasetVersion) -> list[Held]:
+    """Every item the version holds: train then eval, each in the version's order (the
+    manifest's: by curriculum key, kind, content hash)."""
+    held: list[Held] = []
+    for split in ("train", "eval"):
+        keyed: list[tuple[tuple[Any, ...], Held]] = []
+        for kind in KINDS:
+            model = kind.model
+            columns = (model.id, model.group_key, DatasetMember.position, DatasetMember.ease)
+            for row in held_rows(session, version, kind, split, columns):
+                order = (row.position or 0, row.ease, kind.name, row.held_sha256)
+                weight = float(row.weight)
+                item = Held(split, kind.name, row.id, row.group_key, row.held_sha256, weight)
+                keyed.append((order, item))
+        held += [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
+    return held
+
+
+def stored_manifest(session: Session, version: DatasetVersion) -> str:
+    """The manifest hash (flywheel.datasets.manifest) of what the version's rows hold: its
+    `manifest_sha256` while they hold what its build chose."""
+    lines = [json.dumps(version.recipe, sort_keys=True)]
+    members = version_members(session, version)
+    for split in ("eval", "train"):
+        lines += [
+            manifest_line(split, held.kind, held.content_sha256, held.weight)
+            for held in members
+            if held.split == split
+        ]
+    return hash_lines(lines)
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """What the new version holds: its eval and train items in order, and the replay
+    candidates it did not draw (kept open, unchecked, for the builds that draw them)."""
+
+    evaluation: list[Item]
+    train: list[Item]
+    undrawn: list[Item]
+    seen: set[tuple[str, uuid.UUID]]  # every item an earlier version held
+    curriculum: str
+
+
+def write_changes(
+    session: Session, domain_id: uuid.UUID, version: DatasetVersion, wanted: Wanted
+) -> dict[str, int]:
+    """Store the version as what changed since the domain's open rows: close those it does not
+    hold as they are, add rows for the rest. The counts of rows kept, closed and added."""
+    rows: dict[tuple[str, str, uuid.UUID], tuple[float | None, float, bool, Item]] = {}
+    for item in wanted.evaluation:
+        rows["eval", item.kind, item.id] = (item.weight, 0.0, True, item)
+    for item in wanted.train:
+        is_new = (item.kind, item.id) not in wanted.seen
+        ease = ease_of(item, wanted.curriculum)
+        rows["train", item.kind, item.id] = (item.weight, ease, is_new, item)
+    pool = {("train", item.kind, item.id): item for item in wanted.undrawn}
+    closed: list[uuid.UUID] = []
+    kept = 0
+    for row_id, split, kind, item_id, weight, ease in _open_rows(session, domain_id):
+        row_key = (split, kind, item_id)
+        want = rows.get(row_key)
+        if want is not None and want[0] == weight and want[1] == ease:
+            del rows[row_key]
+        elif want is None and pool.pop(row_key, None) is not None:
+            pass  # a replay candidate this version did not draw: checked when one draws it
+        else:
+            closed.append(row_id)
+            continue
+        kept += 1
+    for chunk in chunked(closed):
+        session.execute(
+            update(DatasetMember)
+            .where(DatasetMember.id.in_(chunk))
+            .values(until_version=version.version)
+        )
+    added = [
+        (split, weight, ease, is_new, item)
+        for (split, *_), (weight, ease, is_new, item) in rows.items()
+    ]
+    added += [
+        ("train", item.weight, ease_of(item, wanted.curriculum), False, item)
+        for item in pool.values()
+    ]
+    _insert_rows(session, version.id, added)
+    return {"kept": kept, "closed": len(closed), "added": len(added)}
+
+
+def _spanning(query: Select[Any], version: DatasetVersion, split: str) -> Select[Any]:
+    """The query over the rows of the version's domain whose span covers it, in `split`."""
+    return (
+        query.select_from(DatasetMember)
+        .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+        .where(
+            FIRST.domain_id == version.domain_id,
+            FIRST.version <= version.version,
+            or_(
+                DatasetMember.until_version.is_(None), DatasetMember.until_version > version.version
+            ),
+            DatasetMember.split == split,
+        )
+    )
+
+
+def _open_rows(session: Session, domain_id: uuid.UUID) -> Iterator[tuple[Any, ...]]:
+    """(row id, split, kind, item id, weight, ease) of each of the domain's open rows."""
+    for kind in KINDS:
+        column = getattr(DatasetMember, kind.member_column)
+        rows = session.connection().execute(
+            select(
+                DatasetMember.id,
+                DatasetMember.split,
+                column,
+                DatasetMember.weight,
+                DatasetMember.ease,
+            )
+            .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+            .where(
+                FIRST.domain_id == domain_id,
+                DatasetMember.until_version.is_(None),
+                column.is_not(None),
+            )
+            .execution_options(stream_results=True, yield_per=5_000)
+        )
+        for row_id, split, item_id, weight, ease in rows:
+            yield row_id, split, kind.name, item_id, weight, ease
+
+
+def _insert_rows(
+    session: Session,
+    version_id: uuid.UUID,
+    added: list[tuple[str, float | None, float, bool, Item]],
+) -> None:
+    """The new rows (new ids: nothing to conflict with): COPY on PostgreSQL, one executemany
+    on SQLite."""
+    slot = {kind.name: index for index, kind in enumerate(KINDS)}
+    names = ["id", "dataset_version_id", "split", "group_key", "weight", "is_new", "ease"]
+    names += [kind.member_column for kind in KINDS]
+
+    def values() -> Iterator[list[Any]]:
+        for split, weight, ease, is_new, item in added:
+            refs: list[uuid.UUID | None] = [None] * len(KINDS)
+            refs[slot[item.kind]] = item.id
+            yield [uuid.uuid4(), version_id, split, item.group_key, weight, is_new, ease, *refs]
+
+    if not added:
+        return
+    if session.get_bind().dialect.name == "postgresql":
+        cursor = psycopg_connection(session).cursor()
+        with cursor.copy(f"COPY dataset_members ({', '.join(names)}) FROM STDIN") as copy:
+            for row in values():
+                copy.write_row(row)
+        return
+    session.execute(
+        DatasetMember.__table__.insert(),  # type: ignore[attr-defined]
+        [dict(zip(names, row, strict=True)) for row in values()],
+    )
