@@ -35,7 +35,7 @@ from sqlalchemy import Row, Select, or_, select, update
 from sqlalchemy.orm import Session, aliased
 
 from flywheel.bulk import chunked
-from flywheel.datasets.items import KINDS, Item, ItemKind, messages_of, text_columns
+from flywheel.datasets.items import KINDS, History, Item, ItemKind, messages_of, text_columns
 from flywheel.datasets.manifest import ease_of, hash_lines, manifest_line
 from flywheel.datasets.models import DatasetMember, DatasetVersion
 from flywheel.db import psycopg_connection
@@ -191,6 +191,50 @@ def stored_manifest(session: Session, version: DatasetVersion) -> str:
     return hash_lines(lines)
 
 
+OpenRow = tuple[uuid.UUID, str, float | None, float]
+"""An open row of a domain: its id, split, weight and ease (keyed by its item's id)."""
+
+
+@dataclass
+class DomainRows:
+    """A domain's member rows as a build needs them, read once: what earlier versions held
+    (`history`) and the open rows, by item id (ids are unique across the item tables)."""
+
+    history: History
+    open: dict[uuid.UUID, OpenRow]
+
+    @classmethod
+    def load(cls, session: Session, domain_id: uuid.UUID) -> DomainRows:
+        seen: set[tuple[str, uuid.UUID]] = set()
+        evaluated: set[tuple[str, uuid.UUID]] = set()
+        open_rows: dict[uuid.UUID, OpenRow] = {}
+        for kind in KINDS:
+            column = getattr(DatasetMember, kind.member_column)
+            query = (
+                select(
+                    column,
+                    DatasetMember.split,
+                    DatasetMember.until_version,
+                    DatasetMember.id,
+                    DatasetMember.weight,
+                    DatasetMember.ease,
+                )
+                .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+                .where(FIRST.domain_id == domain_id, column.is_not(None))
+            )
+            rows = session.connection().execute(
+                query.execution_options(stream_results=True, yield_per=20_000)
+            )
+            for item_id, split, until, row_id, weight, ease in rows:
+                key = (kind.name, item_id)
+                seen.add(key)
+                if split == "eval":
+                    evaluated.add(key)
+                if until is None:
+                    open_rows[item_id] = (row_id, split, weight, ease)
+        return cls(History(seen, evaluated), open_rows)
+
+
 @dataclass(frozen=True)
 class Wanted:
     """What the new version holds: its eval and train items in order, and the replay
@@ -199,51 +243,45 @@ class Wanted:
     evaluation: list[Item]
     train: list[Item]
     undrawn: list[Item]
-    seen: set[tuple[str, uuid.UUID]]  # every item an earlier version held
     curriculum: str
 
 
 def write_changes(
-    session: Session, domain_id: uuid.UUID, version: DatasetVersion, wanted: Wanted
+    session: Session, version: DatasetVersion, wanted: Wanted, rows: DomainRows
 ) -> dict[str, int]:
     """Store the version as what changed since the domain's open rows: close those it does not
     hold as they are, add rows for the rest. The counts of rows kept, closed and added."""
-    rows: dict[tuple[str, str, uuid.UUID], tuple[float | None, float, bool, Item]] = {}
+    wants: dict[uuid.UUID, tuple[str, float | None, float, Item]] = {}
     for item in wanted.evaluation:
-        rows["eval", item.kind, item.id] = (item.weight, 0.0, True, item)
+        wants[item.id] = ("eval", item.weight, 0.0, item)
     for item in wanted.train:
-        is_new = (item.kind, item.id) not in wanted.seen
-        ease = ease_of(item, wanted.curriculum)
-        rows["train", item.kind, item.id] = (item.weight, ease, is_new, item)
-    pool = {("train", item.kind, item.id): item for item in wanted.undrawn}
+        wants[item.id] = ("train", item.weight, ease_of(item, wanted.curriculum), item)
+    pool = {item.id: item for item in wanted.undrawn}
     closed: list[uuid.UUID] = []
-    kept = 0
-    for row_id, split, kind, item_id, weight, ease in _open_rows(session, domain_id):
-        row_key = (split, kind, item_id)
-        want = rows.get(row_key)
-        if want is not None and want[0] == weight and want[1] == ease:
-            del rows[row_key]
-        elif want is None and pool.pop(row_key, None) is not None:
-            pass  # a replay candidate this version did not draw: checked when one draws it
-        else:
+    for item_id, (row_id, split, weight, ease) in rows.open.items():
+        want = wants.get(item_id)
+        if want is not None and want[:3] == (split, weight, ease):
+            del wants[item_id]
+        elif want is not None or split != "train" or pool.pop(item_id, None) is None:
             closed.append(row_id)
-            continue
-        kept += 1
+        # else: a replay candidate this version did not draw: checked when one draws it
     for chunk in chunked(closed):
         session.execute(
             update(DatasetMember)
             .where(DatasetMember.id.in_(chunk))
             .values(until_version=version.version)
         )
+    seen = rows.history.seen
     added = [
-        (split, weight, ease, is_new, item)
-        for (split, *_), (weight, ease, is_new, item) in rows.items()
+        (split, weight, ease, split == "eval" or (item.kind, item.id) not in seen, item)
+        for split, weight, ease, item in wants.values()
     ]
     added += [
         ("train", item.weight, ease_of(item, wanted.curriculum), False, item)
         for item in pool.values()
     ]
     _insert_rows(session, version.id, added)
+    kept = len(rows.open) - len(closed)
     return {"kept": kept, "closed": len(closed), "added": len(added)}
 
 
@@ -261,30 +299,6 @@ def _spanning(query: Select[Any], version: DatasetVersion, split: str) -> Select
             DatasetMember.split == split,
         )
     )
-
-
-def _open_rows(session: Session, domain_id: uuid.UUID) -> Iterator[tuple[Any, ...]]:
-    """(row id, split, kind, item id, weight, ease) of each of the domain's open rows."""
-    for kind in KINDS:
-        column = getattr(DatasetMember, kind.member_column)
-        rows = session.connection().execute(
-            select(
-                DatasetMember.id,
-                DatasetMember.split,
-                column,
-                DatasetMember.weight,
-                DatasetMember.ease,
-            )
-            .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
-            .where(
-                FIRST.domain_id == domain_id,
-                DatasetMember.until_version.is_(None),
-                column.is_not(None),
-            )
-            .execution_options(stream_results=True, yield_per=5_000)
-        )
-        for row_id, split, item_id, weight, ease in rows:
-            yield row_id, split, kind.name, item_id, weight, ease
 
 
 def _insert_rows(

@@ -50,7 +50,7 @@ from flywheel.bulk import chunked, insert_new_rows
 from flywheel.datasets.eval_size import eval_size_warnings
 from flywheel.datasets.items import History, Item
 from flywheel.datasets.manifest import manifest_hashes, order_items, split_counts
-from flywheel.datasets.membership import Wanted, is_drawn, write_changes
+from flywheel.datasets.membership import DomainRows, Wanted, is_drawn, write_changes
 from flywheel.datasets.models import (
     SKETCHER,
     DatasetGroup,
@@ -162,7 +162,8 @@ def _build(
         made = ensure_sketches(session, domains, recipe.ngram)
         refresh_statistics(session, ItemSketch.__tablename__, written=made)
     eligible = sketched_items(session, domain_id, recipe.ngram)
-    history = History.load(session, domain_id)
+    rows = DomainRows.load(session, domain_id)
+    history = rows.history
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     number = (parent.version + 1) if parent else 1
@@ -206,9 +207,9 @@ def _build(
     session.add(version)
     session.flush()
     _record_groups(session, domain_id, splits.new, version.id)
-    wanted = Wanted(ordered["eval"], ordered["train"], undrawn, history.seen, recipe.curriculum)
-    rows = write_changes(session, domain_id, version, wanted)
-    return Built(version, is_new=True, stats=stats, rows=rows)
+    wanted = Wanted(ordered["eval"], ordered["train"], undrawn, recipe.curriculum)
+    changed = write_changes(session, version, wanted, rows)
+    return Built(version, is_new=True, stats=stats, rows=changed)
 
 
 def build_for(
