@@ -59,7 +59,8 @@ def holds(
     """Whether the version holds a row of its domain whose span covers it."""
     if split == "eval" or (is_new and first == version.version):
         return True
-    return is_drawn(str(version.version), content_sha256, version.recipe["replay_fraction"])
+    fraction = version.recipe.get("replay_fraction", 0.0)  # none recorded: no replay
+    return is_drawn(str(version.version), content_sha256, fraction)
 
 
 def held_rows(

@@ -28,6 +28,11 @@ the eval set kept (flywheel.datasets.overlap), extended by the new eval items. S
 a few new items sketches those, and reads the sketches of this version's train candidates
 only; its manifest is the one a build from scratch (no sketch, no kept index) would give.
 
+What a version stores (flywheel.datasets.membership): rows for what changed since its parent,
+each spanning the versions that hold it; the replay draw is made again when a version is read.
+The manifest hash is of what the version holds, as before, so it is the one a build from
+scratch gives.
+
 Small domains: the recipe's eval fraction places only groups no build placed yet, and a
 domain's `dataset.min_eval_items` (flywheel.datasets.settings) makes new groups fill eval first
 while its eval groups hold fewer items (the minimum used is kept in the stats). A build whose

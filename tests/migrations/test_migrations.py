@@ -231,16 +231,18 @@ def test_member_rows_written_per_version_read_back_as_their_version_held_them(
             run = connection.execute
             run(
                 text(
-                    "INSERT INTO tenants (id, created_at, name) VALUES (:t, CURRENT_TIMESTAMP, 'acme')"
+                    "INSERT INTO tenants (id, created_at, name) "
+                    "VALUES (:t, CURRENT_TIMESTAMP, 'acme')"
                 ),
                 {"t": tenant},
-            )  # noqa: E501
+            )
             run(
                 text(
-                    "INSERT INTO domains (id, created_at, tenant_id, name, config) VALUES (:d, CURRENT_TIMESTAMP, :t, 'billing', '{}')"
+                    "INSERT INTO domains (id, created_at, tenant_id, name, config) "
+                    "VALUES (:d, CURRENT_TIMESTAMP, :t, 'billing', '{}')"
                 ),
                 {"d": domain, "t": tenant},
-            )  # noqa: E501
+            )
             for name, item in items.items():
                 run(
                     text(
