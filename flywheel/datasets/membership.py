@@ -16,7 +16,7 @@ is a replay candidate; it is checked (eligible, decontaminated, weight) by the b
 draw it, and a build that draws it and finds it wanting closes it there. Rows written before
 rows spanned versions span their own version only and keep their `position`.
 
-    for row in held_rows(session, version, kind, "train", (kind.model.id,)): row.id, row.weight
+    for item, member in held_rows(session, version, kind, "train", columns): member.weight
     held_item_ids(session, version, kind, "eval")
     prompt_keys(session, [version.id], "eval")          # the keys of what a model is scored on
     versions_holding(session, "sft_example_id", ids)    # forget: the versions to taint
@@ -65,32 +65,62 @@ def holds(
 
 def held_rows(
     session: Session, version: DatasetVersion, kind: ItemKind, split: str, columns: Iterable[Any]
-) -> Iterator[Row[Any]]:
-    """The columns of each `kind` item the version holds in `split`, then its `weight` as the
-    version saw it, in the version's order; streamed (a server-side cursor, plain rows)."""
+) -> Iterator[tuple[Row[Any], Row[Any]]]:
+    """Each `kind` item the version holds in `split`, in the version's order: the item's
+    `columns`, and its member row as the version saw it (`weight`, `held_sha256`, `position`,
+    `ease`). Streamed: the rows of the span first (a few columns: the replay draw keeps a
+    share), then the items the version holds, a chunk at a time."""
     model, column = kind.model, getattr(DatasetMember, kind.member_column)
-    held = (
-        FIRST.version.label("held_first"),
-        DatasetMember.is_new.label("held_is_new"),
-        model.content_sha256.label("held_sha256"),
-    )
-    query = (
-        _spanning(select(*columns, DatasetMember.weight, *held), version, split)
+    placed = (
+        _spanning(
+            select(
+                column.label("held_id"),
+                DatasetMember.weight,
+                DatasetMember.position,
+                DatasetMember.ease,
+                FIRST.version.label("held_first"),
+                DatasetMember.is_new.label("held_is_new"),
+                model.content_sha256.label("held_sha256"),
+            ),
+            version,
+            split,
+        )
         .join(model, column == model.id)
         .order_by(DatasetMember.position, DatasetMember.ease, model.content_sha256)
     )
-    rows = session.execute(query.execution_options(stream_results=True, yield_per=CHUNK_ROWS))
-    for row in rows:
-        if holds(version, split, row.held_first, row.held_is_new, row.held_sha256):
-            yield row
+    members = session.execute(placed.execution_options(stream_results=True, yield_per=CHUNK_ROWS))
+    chunk: list[Row[Any]] = []
+    for member in members:
+        if holds(version, split, member.held_first, member.held_is_new, member.held_sha256):
+            chunk.append(member)
+        if len(chunk) == CHUNK_ROWS:
+            yield from _with_items(session, model, columns, chunk)
+            chunk = []
+    yield from _with_items(session, model, columns, chunk)
+
+
+def _with_items(
+    session: Session, model: Any, columns: Iterable[Any], members: list[Row[Any]]
+) -> Iterator[tuple[Row[Any], Row[Any]]]:
+    """The items' columns with their member rows, in the members' order (an item deleted
+    since, by a forget, is left out: the version is tainted)."""
+    if not members:
+        return
+    query = select(*columns, model.id.label("held_item_id")).where(
+        model.id.in_([member.held_id for member in members])
+    )
+    items: dict[uuid.UUID, Any] = {row.held_item_id: row for row in session.execute(query)}
+    for member in members:
+        if (item := items.get(member.held_id)) is not None:
+            yield item, member
 
 
 def held_item_ids(
     session: Session, version: DatasetVersion, kind: ItemKind, split: str
 ) -> Iterator[uuid.UUID]:
     """The ids of the `kind` items the version holds in `split` (in its order)."""
-    for row in held_rows(session, version, kind, split, (kind.model.id,)):
-        yield row.id
+    for _, member in held_rows(session, version, kind, split, ()):
+        yield member.held_id
 
 
 def prompt_keys(session: Session, version_ids: Iterable[uuid.UUID], split: str) -> set[str]:
@@ -168,11 +198,10 @@ def version_members(session: Session, version: DatasetVersion) -> list[Held]:
         keyed: list[tuple[tuple[Any, ...], Held]] = []
         for kind in KINDS:
             model = kind.model
-            columns = (model.id, model.group_key, DatasetMember.position, DatasetMember.ease)
-            for row in held_rows(session, version, kind, split, columns):
-                order = (row.position or 0, row.ease, kind.name, row.held_sha256)
-                weight = float(row.weight)
-                item = Held(split, kind.name, row.id, row.group_key, row.held_sha256, weight)
+            for row, member in held_rows(session, version, kind, split, (model.group_key,)):
+                sha256, weight = member.held_sha256, float(member.weight)
+                order = (member.position or 0, member.ease, kind.name, sha256)
+                item = Held(split, kind.name, member.held_id, row.group_key, sha256, weight)
                 keyed.append((order, item))
         held += [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
     return held

@@ -419,6 +419,7 @@ def test_items_that_change_leave_the_versions_after_and_stay_in_those_before(
     recipe = DatasetRecipe(eval_fraction=0.3, replay_fraction=1.0)  # every old item replayed
     train = list(groups_in("train", domain_id, 6))
     evaluated = list(groups_in("eval", domain_id, 3))
+    new = list(groups_in("train", domain_id, 2, prefix="new"))
     store(sessions, acme, [sft(group, f"{group} question") for group in train + evaluated])
     first = build(sessions, acme, recipe).version
     retracted, reweighted, dropped_eval = train[0], train[1], evaluated[0]
@@ -427,11 +428,11 @@ def test_items_that_change_leave_the_versions_after_and_stay_in_those_before(
             session.execute(
                 update(SftExample).where(SftExample.group_key == group).values(weight=weight)
             )
-    store(sessions, acme, [sft("new-0", "new-0 question")])
+    store(sessions, acme, [sft(new[0], f"{new[0]} question")])
     second = build(sessions, acme, recipe)
 
     v2 = held(sessions, second.version)
-    assert set(v2["train"]) == set(train) - {retracted} | {"new-0"}
+    assert set(v2["train"]) == set(train) - {retracted} | {new[0]}
     assert v2["train"][reweighted] == 0.25
     assert set(v2["eval"]) == set(evaluated) - {dropped_eval}
     # closed: the retracted train item, both items of changed weight (one reopened)
@@ -445,7 +446,7 @@ def test_items_that_change_leave_the_versions_after_and_stay_in_those_before(
         session.execute(
             update(SftExample).where(SftExample.group_key == reweighted).values(weight=1.0)
         )
-    store(sessions, acme, [sft("new-1", "new-1 question")])
+    store(sessions, acme, [sft(new[1], f"{new[1]} question")])
     third = build(sessions, acme, recipe)
     assert held(sessions, third.version)["train"][reweighted] == 1.0
     assert held(sessions, second.version)["train"][reweighted] == 0.25
