@@ -16,7 +16,7 @@ is a replay candidate; it is checked (eligible, decontaminated, weight) by the b
 draw it, and a build that draws it and finds it wanting closes it there. Rows written before
 rows spanned versions span their own version only and keep their `position`.
 
-    for item, member in held_rows(session, version, kind, "train", columns): member.weight
+    for row in held_rows(session, version, kind, "train", columns): row.weight
     held_item_ids(session, version, kind, "eval")
     prompt_keys(session, [version.id], "eval")          # the keys of what a model is scored on
     versions_holding(session, "sft_example_id", ids)    # forget: the versions to taint
@@ -26,12 +26,14 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
+from fractions import Fraction
 from typing import Any
 
-from sqlalchemy import Row, Select, or_, select, update
+from sqlalchemy import Row, Select, and_, func, or_, select, true, update
 from sqlalchemy.orm import Session, aliased
 
 from flywheel.bulk import chunked
@@ -48,9 +50,16 @@ FIRST = aliased(DatasetVersion, name="first_version")
 
 
 def is_drawn(salt: str, content_sha256: str, fraction: float) -> bool:
-    """A deterministic sample: the same salt and fraction draw the same items."""
+    """A deterministic sample: the same salt and fraction draw the same items (the first 8
+    bytes of sha256(salt, newline, content hash), big-endian, below `draw_threshold`)."""
     digest = hashlib.sha256(f"{salt}\n{content_sha256}".encode()).digest()
-    return int.from_bytes(digest[:8], "big") / 2**64 < fraction
+    return int.from_bytes(digest[:8], "big") < draw_threshold(fraction)
+
+
+def draw_threshold(fraction: float) -> int:
+    """The draw keeps the 8-byte keys below this: `fraction` of 2**64, exactly (a float's
+    rounding would move keys at the boundary between Python and SQL)."""
+    return math.ceil(Fraction(fraction) * 2**64)
 
 
 def holds(
@@ -65,62 +74,55 @@ def holds(
 
 def held_rows(
     session: Session, version: DatasetVersion, kind: ItemKind, split: str, columns: Iterable[Any]
-) -> Iterator[tuple[Row[Any], Row[Any]]]:
-    """Each `kind` item the version holds in `split`, in the version's order: the item's
-    `columns`, and its member row as the version saw it (`weight`, `held_sha256`, `position`,
-    `ease`). Streamed: the rows of the span first (a few columns: the replay draw keeps a
-    share), then the items the version holds, a chunk at a time."""
+) -> Iterator[Row[Any]]:
+    """The `columns` of each `kind` item the version holds in `split`, then its member row's
+    `weight` as the version saw it (and `held_sha256`, `position`, `ease`), in the version's
+    order; streamed (a server-side cursor, plain rows). On PostgreSQL the replay draw is made
+    in the query too, so only held items' columns are read."""
     model, column = kind.model, getattr(DatasetMember, kind.member_column)
-    placed = (
-        _spanning(
-            select(
-                column.label("held_id"),
-                DatasetMember.weight,
-                DatasetMember.position,
-                DatasetMember.ease,
-                FIRST.version.label("held_first"),
-                DatasetMember.is_new.label("held_is_new"),
-                model.content_sha256.label("held_sha256"),
-            ),
-            version,
-            split,
-        )
+    held = (
+        DatasetMember.weight,
+        DatasetMember.position,
+        DatasetMember.ease,
+        FIRST.version.label("held_first"),
+        DatasetMember.is_new.label("held_is_new"),
+        model.content_sha256.label("held_sha256"),
+    )
+    query = (
+        _spanning(select(*columns, *held), version, split)
         .join(model, column == model.id)
         .order_by(DatasetMember.position, DatasetMember.ease, model.content_sha256)
     )
-    members = session.execute(placed.execution_options(stream_results=True, yield_per=CHUNK_ROWS))
-    chunk: list[Row[Any]] = []
-    for member in members:
-        if holds(version, split, member.held_first, member.held_is_new, member.held_sha256):
-            chunk.append(member)
-        if len(chunk) == CHUNK_ROWS:
-            yield from _with_items(session, model, columns, chunk)
-            chunk = []
-    yield from _with_items(session, model, columns, chunk)
+    if split == "train" and session.get_bind().dialect.name == "postgresql":
+        query = query.where(_drawn_or_new(version, model))
+    rows = session.execute(query.execution_options(stream_results=True, yield_per=CHUNK_ROWS))
+    for row in rows:
+        if holds(version, split, row.held_first, row.held_is_new, row.held_sha256):
+            yield row
 
 
-def _with_items(
-    session: Session, model: Any, columns: Iterable[Any], members: list[Row[Any]]
-) -> Iterator[tuple[Row[Any], Row[Any]]]:
-    """The items' columns with their member rows, in the members' order (an item deleted
-    since, by a forget, is left out: the version is tainted)."""
-    if not members:
-        return
-    query = select(*columns, model.id.label("held_item_id")).where(
-        model.id.in_([member.held_id for member in members])
-    )
-    items: dict[uuid.UUID, Any] = {row.held_item_id: row for row in session.execute(query)}
-    for member in members:
-        if (item := items.get(member.held_id)) is not None:
-            yield item, member
+def _drawn_or_new(version: DatasetVersion, model: Any) -> Any:
+    """`holds` for train rows in SQL (PostgreSQL): new in this version, or drawn by it."""
+    fraction = version.recipe.get("replay_fraction", 0.0)
+    is_new_here = and_(DatasetMember.is_new, FIRST.version == version.version)
+    return or_(is_new_here, sql_draw(str(version.version), model.content_sha256, fraction))
+
+
+def sql_draw(salt: str, content_sha256: Any, fraction: float) -> Any:
+    """`is_drawn` as a PostgreSQL expression over a content-hash column."""
+    threshold = draw_threshold(fraction)
+    if threshold >= 2**64:
+        return true()
+    key = func.substring(func.sha256(func.convert_to(f"{salt}\n" + content_sha256, "UTF8")), 1, 8)
+    return key < threshold.to_bytes(8, "big")
 
 
 def held_item_ids(
     session: Session, version: DatasetVersion, kind: ItemKind, split: str
 ) -> Iterator[uuid.UUID]:
     """The ids of the `kind` items the version holds in `split` (in its order)."""
-    for _, member in held_rows(session, version, kind, split, ()):
-        yield member.held_id
+    for row in held_rows(session, version, kind, split, (kind.model.id,)):
+        yield row.id
 
 
 def prompt_keys(session: Session, version_ids: Iterable[uuid.UUID], split: str) -> set[str]:
@@ -198,10 +200,10 @@ def version_members(session: Session, version: DatasetVersion) -> list[Held]:
         keyed: list[tuple[tuple[Any, ...], Held]] = []
         for kind in KINDS:
             model = kind.model
-            for row, member in held_rows(session, version, kind, split, (model.group_key,)):
-                sha256, weight = member.held_sha256, float(member.weight)
-                order = (member.position or 0, member.ease, kind.name, sha256)
-                item = Held(split, kind.name, member.held_id, row.group_key, sha256, weight)
+            for row in held_rows(session, version, kind, split, (model.id, model.group_key)):
+                sha256, weight = row.held_sha256, float(row.weight)
+                order = (row.position or 0, row.ease, kind.name, sha256)
+                item = Held(split, kind.name, row.id, row.group_key, sha256, weight)
                 keyed.append((order, item))
         held += [item for _, item in sorted(keyed, key=lambda pair: pair[0])]
     return held

@@ -83,7 +83,7 @@ def version_lineage(session: Session, version: DatasetVersion) -> Iterator[dict[
         for kind in KINDS:
             model = kind.model
             columns = (model.id, model.source_kind, model.source_ref, model.group_key)
-            for row, _member in held_rows(session, version, kind, split, columns):
+            for row in held_rows(session, version, kind, split, columns):
                 yield {
                     "split": split,
                     "kind": kind.name,
@@ -106,7 +106,7 @@ def version_item_labels(
         prompt = model.prompt if is_task else model.messages
         difficulty = model.difficulty if is_task else literal(None)
         columns = (model.id, model.source_kind, model.tags, prompt, difficulty)
-        for row, _member in held_rows(session, version, kind, split, columns):
+        for row in held_rows(session, version, kind, split, columns):
             item_id, source_kind, tags, text, level = tuple(row)[:5]
             yield {
                 "item_id": str(item_id),
@@ -132,9 +132,9 @@ def _sft(session: Session, version: DatasetVersion, split: str) -> Iterator[SftR
         model.tools,
         model.completion_tool_calls,
     )
-    for row, member in held_rows(session, version, _KIND["sft_example_id"], split, columns):
+    for row in held_rows(session, version, _KIND["sft_example_id"], split, columns):
         messages, completion, group_key, item_id, tools, calls = tuple(row)[:6]
-        yield SftRecord(messages, completion, member.weight, group_key, str(item_id), tools, calls)
+        yield SftRecord(messages, completion, row.weight, group_key, str(item_id), tools, calls)
 
 
 def _pairs(session: Session, version: DatasetVersion, split: str) -> Iterator[PairRecord]:
@@ -143,9 +143,9 @@ def _pairs(session: Session, version: DatasetVersion, split: str) -> Iterator[Pa
         *(model.messages, model.chosen, model.rejected, model.why, model.group_key, model.id),
         *(model.tools, model.chosen_tool_calls, model.rejected_tool_calls),
     )
-    for row, member in held_rows(session, version, _KIND["preference_pair_id"], split, columns):
+    for row in held_rows(session, version, _KIND["preference_pair_id"], split, columns):
         yield PairRecord(
-            *(row.messages, row.chosen, row.rejected, member.weight, row.why, row.group_key),
+            *(row.messages, row.chosen, row.rejected, row.weight, row.why, row.group_key),
             item_id=str(row.id),
             tools=row.tools,
             chosen_tool_calls=row.chosen_tool_calls,
@@ -165,9 +165,9 @@ def _labels(session: Session, version: DatasetVersion, split: str) -> Iterator[L
         model.tools,
         model.completion_tool_calls,
     )
-    for row, member in held_rows(session, version, _KIND["labeled_completion_id"], split, columns):
+    for row in held_rows(session, version, _KIND["labeled_completion_id"], split, columns):
         yield LabelRecord(
-            *(row.messages, row.completion, row.is_desirable, member.weight, row.group_key),
+            *(row.messages, row.completion, row.is_desirable, row.weight, row.group_key),
             item_id=str(row.id),
             why=row.why,
             tools=row.tools,
@@ -193,7 +193,7 @@ def _tasks(session: Session, version: DatasetVersion, split: str) -> Iterator[Ta
         model.expected_calls,
         model.environment,
     )
-    for row, member in held_rows(session, version, _KIND["verifiable_task_id"], split, columns):
+    for row in held_rows(session, version, _KIND["verifiable_task_id"], split, columns):
         yield TaskRecord(
             prompt=row.prompt,
             entry_point=row.entry_point,
@@ -205,7 +205,7 @@ def _tasks(session: Session, version: DatasetVersion, split: str) -> Iterator[Ta
             difficulty=row.difficulty,
             group_key=row.group_key,
             item_id=str(row.id),
-            weight=member.weight,
+            weight=row.weight,
             messages=row.messages,
             tools=row.tools,
             expected_calls=row.expected_calls,

@@ -9,10 +9,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sqlalchemy import func, select, update
+from sqlalchemy import ARRAY, Text, cast, func, select, update
+from sqlalchemy.dialects.postgresql import array
 from sqlalchemy.orm import Session, sessionmaker
 
-from flywheel.datasets.membership import stored_manifest, version_members
+from flywheel.datasets.membership import is_drawn, sql_draw, stored_manifest, version_members
 from flywheel.datasets.models import DatasetMember, DatasetVersion
 from flywheel.datasets.service import Built, DatasetRecipe, build_dataset_version
 from flywheel.datasets.split import hashed_split
@@ -450,3 +451,21 @@ def test_items_that_change_leave_the_versions_after_and_stay_in_those_before(
     third = build(sessions, acme, recipe)
     assert held(sessions, third.version)["train"][reweighted] == 1.0
     assert held(sessions, second.version)["train"][reweighted] == 0.25
+
+
+@pytest.mark.postgres_only
+def test_the_replay_draw_in_sql_is_the_one_python_makes(sessions: sessionmaker[Session]) -> None:
+    """Reading a version on PostgreSQL draws its replay in the query: the same items as
+    `is_drawn`, or an export would drop or add items its manifest hashed."""
+    hashes = [f"{n:064x}" for n in range(0, 2**256, 2**256 // 500)] + ["f" * 64]
+    texts = cast(array(hashes), ARRAY(Text))
+    values = func.unnest(texts).table_valued("h").render_derived()
+    with sessions() as session:
+        for fraction in (0.0, 0.1, 0.25, 0.5, 0.9, 1.0):
+            for salt in ("1", "7"):
+                drawn = {sha: is_drawn(salt, sha, fraction) for sha in hashes}
+                in_sql = session.execute(
+                    select(values.c.h, sql_draw(salt, values.c.h, fraction))
+                ).all()
+                assert dict(in_sql) == drawn
+                assert 0 < sum(drawn.values()) < len(drawn) or fraction in (0.0, 1.0)
