@@ -86,26 +86,28 @@ def held_rows(
         DatasetMember.ease,
         FIRST.version.label("held_first"),
         DatasetMember.is_new.label("held_is_new"),
-        model.content_sha256.label("held_sha256"),
+        func.coalesce(DatasetMember.content_sha256, model.content_sha256).label("held_sha256"),
     )
     query = (
         _spanning(select(*columns, *held), version, split)
         .join(model, column == model.id)
-        .order_by(DatasetMember.position, DatasetMember.ease, model.content_sha256)
+        .order_by(DatasetMember.position, DatasetMember.ease, DatasetMember.content_sha256)
     )
     if split == "train" and session.get_bind().dialect.name == "postgresql":
-        query = query.where(_drawn_or_new(version, model))
+        query = query.where(_drawn_or_new(version))
     rows = session.execute(query.execution_options(stream_results=True, yield_per=CHUNK_ROWS))
     for row in rows:
         if holds(version, split, row.held_first, row.held_is_new, row.held_sha256):
             yield row
 
 
-def _drawn_or_new(version: DatasetVersion, model: Any) -> Any:
-    """`holds` for train rows in SQL (PostgreSQL): new in this version, or drawn by it."""
+def _drawn_or_new(version: DatasetVersion) -> Any:
+    """`holds` for train rows in SQL (PostgreSQL): new in this version, or drawn by it (from
+    the member row alone: the items are read for the rows it holds only)."""
     fraction = version.recipe.get("replay_fraction", 0.0)
     is_new_here = and_(DatasetMember.is_new, FIRST.version == version.version)
-    return or_(is_new_here, sql_draw(str(version.version), model.content_sha256, fraction))
+    draw = sql_draw(str(version.version), DatasetMember.content_sha256, fraction)
+    return or_(is_new_here, draw)
 
 
 def sql_draw(salt: str, content_sha256: Any, fraction: float) -> Any:
@@ -342,13 +344,17 @@ def _insert_rows(
     on SQLite."""
     slot = {kind.name: index for index, kind in enumerate(KINDS)}
     names = ["id", "dataset_version_id", "split", "group_key", "weight", "is_new", "ease"]
+    names += ["content_sha256"]
     names += [kind.member_column for kind in KINDS]
 
     def values() -> Iterator[list[Any]]:
         for split, weight, ease, is_new, item in added:
             refs: list[uuid.UUID | None] = [None] * len(KINDS)
             refs[slot[item.kind]] = item.id
-            yield [uuid.uuid4(), version_id, split, item.group_key, weight, is_new, ease, *refs]
+            yield [
+                *(uuid.uuid4(), version_id, split, item.group_key, weight, is_new, ease),
+                *(item.content_sha256, *refs),
+            ]
 
     if not added:
         return

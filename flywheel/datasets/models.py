@@ -125,6 +125,12 @@ class DatasetMember(ItemRefs, Base):
         doc="Held by its first version whatever the replay draw (the item was new there, or "
         "an eval item); later versions of its span hold a train row when they draw it.",
     )
+    content_sha256: Mapped[str | None] = mapped_column(
+        String(64),
+        doc="The item's content hash, kept here so a read draws the replay and orders the "
+        "split from member rows alone, before reading any item (None: a row written for its "
+        "version only, read in `position` order).",
+    )
     ease: Mapped[float] = mapped_column(
         Float,
         default=0.0,

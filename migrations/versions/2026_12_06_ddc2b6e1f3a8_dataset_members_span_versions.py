@@ -6,10 +6,11 @@ spans the versions from the one that added it (`dataset_version_id`) to `until_v
 first that no longer holds it); a train row of that span is held by its first version when
 the item was new there (`is_new`), and by each later version whose replay draw picks it
 (flywheel.datasets.membership). `ease` is the curriculum's order key, read with the content
-hash, where `position` was written per version.
+hash, where `position` was written per version; the row keeps its item's `content_sha256`, so a
+read draws and orders from member rows alone.
 
 Existing rows were written per version: each spans its own version only (`until_version` =
-its version + 1, `is_new`), and keeps its `position`. Downgrade refuses while a row spans
+its version + 1, `is_new`), and keeps its `position` (no content hash: never drawn). Downgrade refuses while a row spans
 versions (written by the new rules): only a rebuild could write those per version again.
 
 Revision ID: ddc2b6e1f3a8
@@ -35,6 +36,7 @@ def upgrade() -> None:
             sa.Column("is_new", sa.Boolean(), nullable=False, server_default=sa.true())
         )
         batch.add_column(sa.Column("ease", sa.Float(), nullable=False, server_default="0"))
+        batch.add_column(sa.Column("content_sha256", sa.String(length=64), nullable=True))
     op.execute(
         "UPDATE dataset_members SET until_version = (SELECT dataset_versions.version + 1 "
         "FROM dataset_versions WHERE dataset_versions.id = dataset_members.dataset_version_id)"
@@ -54,6 +56,7 @@ def downgrade() -> None:
             "hold: delete the dataset versions built since this migration before downgrading"
         )
     with op.batch_alter_table("dataset_members") as batch:
+        batch.drop_column("content_sha256")
         batch.drop_column("ease")
         batch.drop_column("is_new")
         batch.drop_column("until_version")
