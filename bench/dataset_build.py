@@ -10,10 +10,11 @@ set-based SQL (varied synthetic support text, five items per group), then measur
   (c) `build_dataset_version` of the domain (split, decontamination, manifest, members),
   (d) after 1% more items, the next version (sketching the new items, extending the eval
       index the first build kept),
-  (e) `flywheel dataset export` of the first version (a child process: its peak RSS),
+  (e) `flywheel dataset export` of the first version (a child process: its peak RSS) and of
+      the second (its replay drawn when read),
 
-and prints the times, the ratios (c)/(a) (goal <= 5) and (d)/(c) (goal <= 0.05) and the
-export's peak RSS. Run it at two
+and prints the times, the ratios (c)/(a) (goal <= 5) and (d)/(c) (goal <= 0.05), the
+export's peak RSS, and the member rows each build wrote and the table's size. Run it at two
 sizes to see whether export memory stays flat:
 
     python -m bench.dataset_build --items 100000
@@ -103,6 +104,7 @@ def main() -> None:
             ensure_sketches(session, [ids["domain"]], DatasetRecipe().ngram)
         sketch_s = time.perf_counter() - started
         build_s, stats = _build(sessions, ids)
+        first_rows = _member_rows(plain)
         added = max(1, args.items // 100)
         with psycopg.connect(plain, autocommit=True) as connection:
             connection.execute(
@@ -110,19 +112,26 @@ def main() -> None:
             )
             connection.execute("VACUUM ANALYZE sft_examples")
         incremental_s, incremental_stats = _build(sessions, ids)
+        rows, table_mb = _member_rows(plain)
         engine.dispose()
-        export_seconds, peak_mb = _export(url)
+        export_seconds, peak_mb = _export(url, 1)
+        export_2_seconds, peak_2_mb = _export(url, 2)
         print(f"{args.items:,} SFT examples; {os.cpu_count()} CPUs; stats: {stats}")
         print(f"incremental (+{added:,}) stats: {incremental_stats}")
         print(f"{'COPY sft_examples TO STDOUT (best of 3)':<44}{copy_s:>9.2f} s")
         print(f"{'sketches (once per item, before the build)':<44}{sketch_s:>9.2f} s")
         print(f"{'build_dataset_version (full, sketched)':<44}{build_s:>9.2f} s")
         print(f"{'build_dataset_version (+1% new items)':<44}{incremental_s:>9.2f} s")
-        print(f"{'dataset export (trl), child process':<44}{export_seconds:>9.2f} s")
+        print(f"{'dataset export v1 (trl), child process':<44}{export_seconds:>9.2f} s")
+        print(f"{'dataset export v2 (trl), child process':<44}{export_2_seconds:>9.2f} s")
+        print(
+            f"member rows written: full build {first_rows[0]:,}, +1% build {rows - first_rows[0]:,}"
+        )
+        print(f"dataset_members: {rows:,} rows, {table_mb:,.1f} MB with indexes")
         print(f"ratio full build/COPY: {build_s / copy_s:.2f} (goal <= 5)")
         print(f"ratio (sketches + full build)/COPY: {(sketch_s + build_s) / copy_s:.2f}")
         print(f"ratio incremental/full build: {incremental_s / build_s:.3f} (goal <= 0.05)")
-        print(f"export peak RSS: {peak_mb:,.0f} MB")
+        print(f"export peak RSS: v1 {peak_mb:,.0f} MB, v2 {peak_2_mb:,.0f} MB")
 
 
 @contextlib.contextmanager
@@ -164,7 +173,16 @@ def _build(sessions: sessionmaker[Session], ids: dict[str, uuid.UUID]) -> tuple[
     return time.perf_counter() - started, stats
 
 
-def _export(url: str) -> tuple[float, float]:
+def _member_rows(plain: str) -> tuple[int, float]:
+    """Rows in dataset_members, and its size with indexes (MB)."""
+    with psycopg.connect(plain) as connection:
+        count, size = connection.execute(
+            "SELECT count(*), pg_total_relation_size('dataset_members') FROM dataset_members"
+        ).fetchone() or (0, 0)
+    return count, size / 1e6
+
+
+def _export(url: str, version: int) -> tuple[float, float]:
     """Seconds and peak RSS (MB) of `flywheel dataset export` in a child process. The peak is
     sampled from outside: a child's own ru_maxrss starts at its parent's high-water mark (Linux
     keeps it across fork and exec), which here is the build's."""
@@ -175,11 +193,11 @@ def _export(url: str) -> tuple[float, float]:
             "flywheel",
             "dataset",
             "export",
-            "1",
+            str(version),
             "--domain",
             "support",
             "--out",
-            str(Path(scratch) / "v1"),
+            str(Path(scratch) / f"v{version}"),
         ]
         started = time.perf_counter()
         child = subprocess.Popen(
