@@ -9,6 +9,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -389,35 +390,51 @@ def test_two_concurrent_promotions_one_wins_the_other_conflicts(
 
 @pytest.fixture
 def mlflow_server(tmp_path: Path) -> Iterator[str]:
-    """A real `mlflow server` on loopback."""
-    port = _free_port()
+    """A real `mlflow server` on loopback. Ready when MLflow's own API answers, not when the
+    port accepts: between `_free_port` and the server's bind, another test's server (the other
+    xdist worker's gateway) can take the port, and the test then talked to it. When the port
+    was taken, mlflow exits; it is started again on another."""
     store = tmp_path / "server"
     store.mkdir()
-    command = [
-        sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
-        "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
-        "--default-artifact-root", (store / "artifacts").as_uri(), "--workers", "1",
-    ]  # fmt: skip
-    with subprocess.Popen(
-        command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy()
-    ) as server:
-        url = f"http://127.0.0.1:{port}"
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            with socket.socket() as probe:
-                if probe.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            if server.poll() is not None:
-                raise RuntimeError(f"mlflow server exited with {server.returncode}")
-            time.sleep(0.5)
-        else:
-            server.kill()
-            raise RuntimeError("mlflow server did not start within 90 s")
+    for _attempt in range(3):
+        port = _free_port()
+        command = [
+            sys.executable, "-m", "mlflow", "server", "--host", "127.0.0.1", "--port", str(port),
+            "--backend-store-uri", f"sqlite:///{store / 'mlflow.db'}",
+            "--default-artifact-root", (store / "artifacts").as_uri(), "--workers", "1",
+        ]  # fmt: skip
+        with subprocess.Popen(
+            command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=os.environ.copy()
+        ) as server:
+            url = f"http://127.0.0.1:{port}"
+            if not _answers_as_mlflow(server, url):
+                server.kill()
+                server.wait(timeout=30)
+                continue
+            try:
+                yield url
+            finally:
+                server.terminate()
+                server.wait(timeout=30)
+            return
+    raise RuntimeError("mlflow server did not answer on any of 3 ports")
+
+
+def _answers_as_mlflow(server: subprocess.Popen[bytes], url: str) -> bool:
+    """Whether this server (still running) answers MLflow's API within 90 s."""
+    probe = f"{url}/api/2.0/mlflow/experiments/get-by-name?experiment_name=Default"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        if server.poll() is not None:
+            return False  # e.g. the port was taken before it bound
         try:
-            yield url
-        finally:
-            server.terminate()
-            server.wait(timeout=30)
+            with urllib.request.urlopen(probe, timeout=5) as response:
+                if "experiment" in json.loads(response.read()):
+                    return True
+        except (OSError, ValueError):
+            pass  # not listening yet, or another server's answer
+        time.sleep(0.5)
+    return False
 
 
 def test_promote_and_rollback_against_a_real_mlflow_server(
