@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
-from sqlalchemy import Text, and_, case, func, null, or_, select
+from sqlalchemy import Text, and_, func, null, or_, select
 from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
-from flywheel.datasets.models import SKETCHER, DatasetMember, DatasetVersion, ItemSketch
+from flywheel.datasets.models import SKETCHER, ItemSketch
 from flywheel.signals.content import prompt_key, task_prompt_key
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
@@ -40,6 +40,8 @@ KINDS = (
     ItemKind("label", LabeledCompletion, "labeled_completion_id"),
     ItemKind("task", VerifiableTask, "verifiable_task_id"),
 )
+KIND_OF_COLUMN = {kind.member_column: kind for kind in KINDS}
+"""The item kind a member column refers to."""
 
 
 @dataclass
@@ -114,30 +116,12 @@ def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> 
 
 @dataclass
 class History:
-    """What earlier versions of a domain held: every item, and the eval ones."""
+    """What earlier versions of a domain held: every item, and the eval ones (mixed-in items
+    of other domains included); read with the domain's open rows, by
+    `flywheel.datasets.membership.DomainRows.load`."""
 
     seen: set[tuple[str, uuid.UUID]]
     evaluated: set[tuple[str, uuid.UUID]]
-
-    @classmethod
-    def load(cls, session: Session, domain_id: uuid.UUID) -> History:
-        """One row per item any version held (not per version and item), and whether one
-        held it in eval: mixed-in items of other domains included."""
-        seen, evaluated = set(), set()
-        is_eval = func.max(case((DatasetMember.split == "eval", 1), else_=0))
-        for kind in KINDS:
-            column = getattr(DatasetMember, kind.member_column)
-            rows = session.connection().execute(
-                select(column, is_eval)
-                .join(DatasetVersion, DatasetVersion.id == DatasetMember.dataset_version_id)
-                .where(DatasetVersion.domain_id == domain_id, column.is_not(None))
-                .group_by(column)
-            )
-            for item_id, was_eval in rows:
-                seen.add((kind.name, item_id))
-                if was_eval:
-                    evaluated.add((kind.name, item_id))
-        return cls(seen, evaluated)
 
 
 def text_columns(model: Any) -> tuple[Any, ...]:

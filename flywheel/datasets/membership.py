@@ -37,7 +37,15 @@ from sqlalchemy import Row, Select, and_, func, or_, select, true, update
 from sqlalchemy.orm import Session, aliased
 
 from flywheel.bulk import chunked
-from flywheel.datasets.items import KINDS, History, Item, ItemKind, messages_of, text_columns
+from flywheel.datasets.items import (
+    KIND_OF_COLUMN,
+    KINDS,
+    History,
+    Item,
+    ItemKind,
+    messages_of,
+    text_columns,
+)
 from flywheel.datasets.manifest import ease_of, hash_lines, manifest_line
 from flywheel.datasets.models import DatasetMember, DatasetVersion
 from flywheel.db import psycopg_connection
@@ -68,8 +76,12 @@ def holds(
     """Whether the version holds a row of its domain whose span covers it."""
     if split == "eval" or (is_new and first == version.version):
         return True
-    fraction = version.recipe.get("replay_fraction", 0.0)  # none recorded: no replay
-    return is_drawn(str(version.version), content_sha256, fraction)
+    return is_drawn(str(version.version), content_sha256, _replay_fraction(version))
+
+
+def _replay_fraction(version: DatasetVersion) -> float:
+    """The share of earlier train items the version replays (none recorded: none)."""
+    return float(version.recipe.get("replay_fraction", 0.0))
 
 
 def held_rows(
@@ -104,9 +116,8 @@ def held_rows(
 def _drawn_or_new(version: DatasetVersion) -> Any:
     """`holds` for train rows in SQL (PostgreSQL): new in this version, or drawn by it (from
     the member row alone: the items are read for the rows it holds only)."""
-    fraction = version.recipe.get("replay_fraction", 0.0)
     is_new_here = and_(DatasetMember.is_new, FIRST.version == version.version)
-    draw = sql_draw(str(version.version), DatasetMember.content_sha256, fraction)
+    draw = sql_draw(str(version.version), DatasetMember.content_sha256, _replay_fraction(version))
     return or_(is_new_here, draw)
 
 
@@ -150,7 +161,7 @@ def versions_holding(
 ) -> set[uuid.UUID]:
     """The dataset versions that hold any of these items (of the kind `member_column` names),
     in any split and in any domain (a mixed-in item is held by the versions that mixed it)."""
-    kind = next(kind for kind in KINDS if kind.member_column == member_column)
+    kind = KIND_OF_COLUMN[member_column]
     column = getattr(DatasetMember, member_column)
     spans: list[tuple[Any, ...]] = []
     for chunk in chunked(item_ids):

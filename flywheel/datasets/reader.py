@@ -23,7 +23,7 @@ from flywheel.datasets.export_records import (
     SftRecord,
     TaskRecord,
 )
-from flywheel.datasets.items import KINDS
+from flywheel.datasets.items import KIND_OF_COLUMN, KINDS
 from flywheel.datasets.membership import held_rows
 from flywheel.datasets.models import DatasetVersion
 from flywheel.datasets.versions import version_manifest
@@ -31,7 +31,6 @@ from flywheel.errors import InvalidState
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
 SPLITS = ("train", "eval")
-_KIND = {kind.member_column: kind for kind in KINDS}
 
 
 def export_dataset_version(
@@ -132,7 +131,7 @@ def _sft(session: Session, version: DatasetVersion, split: str) -> Iterator[SftR
         model.tools,
         model.completion_tool_calls,
     )
-    for row in held_rows(session, version, _KIND["sft_example_id"], split, columns):
+    for row in held_rows(session, version, KIND_OF_COLUMN["sft_example_id"], split, columns):
         messages, completion, group_key, item_id, tools, calls = tuple(row)[:6]
         yield SftRecord(messages, completion, row.weight, group_key, str(item_id), tools, calls)
 
@@ -143,7 +142,7 @@ def _pairs(session: Session, version: DatasetVersion, split: str) -> Iterator[Pa
         *(model.messages, model.chosen, model.rejected, model.why, model.group_key, model.id),
         *(model.tools, model.chosen_tool_calls, model.rejected_tool_calls),
     )
-    for row in held_rows(session, version, _KIND["preference_pair_id"], split, columns):
+    for row in held_rows(session, version, KIND_OF_COLUMN["preference_pair_id"], split, columns):
         yield PairRecord(
             *(row.messages, row.chosen, row.rejected, row.weight, row.why, row.group_key),
             item_id=str(row.id),
@@ -165,7 +164,7 @@ def _labels(session: Session, version: DatasetVersion, split: str) -> Iterator[L
         model.tools,
         model.completion_tool_calls,
     )
-    for row in held_rows(session, version, _KIND["labeled_completion_id"], split, columns):
+    for row in held_rows(session, version, KIND_OF_COLUMN["labeled_completion_id"], split, columns):
         yield LabelRecord(
             *(row.messages, row.completion, row.is_desirable, row.weight, row.group_key),
             item_id=str(row.id),
@@ -193,7 +192,7 @@ def _tasks(session: Session, version: DatasetVersion, split: str) -> Iterator[Ta
         model.expected_calls,
         model.environment,
     )
-    for row in held_rows(session, version, _KIND["verifiable_task_id"], split, columns):
+    for row in held_rows(session, version, KIND_OF_COLUMN["verifiable_task_id"], split, columns):
         yield TaskRecord(
             prompt=row.prompt,
             entry_point=row.entry_point,

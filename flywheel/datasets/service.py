@@ -296,7 +296,7 @@ def _mixed_items(
                 )
             )
         )
-        evaluated = History.load(session, other).evaluated
+        evaluated = DomainRows.load(session, other).history.evaluated
         for item in sketched_items(session, other, recipe.ngram):
             if item.group_key not in train_groups or (item.kind, item.id) in evaluated:
                 their_eval.append(item)  # or not yet placed: compared against, never drawn
