@@ -24,6 +24,7 @@ rows spanned versions span their own version only and keep their `position`.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -43,6 +44,9 @@ from flywheel.datasets.items import (
     History,
     Item,
     ItemKind,
+    is_eligible,
+    item_of,
+    item_query,
     messages_of,
     text_columns,
 )
@@ -64,6 +68,7 @@ def is_drawn(salt: str, content_sha256: str, fraction: float) -> bool:
     return int.from_bytes(digest[:8], "big") < draw_threshold(fraction)
 
 
+@functools.lru_cache(maxsize=64)
 def draw_threshold(fraction: float) -> int:
     """The draw keeps the 8-byte keys below this: `fraction` of 2**64, exactly (a float's
     rounding would move keys at the boundary between Python and SQL)."""
@@ -242,11 +247,14 @@ OpenRow = tuple[uuid.UUID, str, float | None, float]
 
 @dataclass
 class DomainRows:
-    """A domain's member rows as a build needs them, read once: what earlier versions held
-    (`history`) and the open rows, by item id (ids are unique across the item tables)."""
+    """A domain's member rows as a build needs them: what earlier versions held (`history`)
+    and the open rows, by item id (ids are unique across the item tables). Read whole
+    (`load`), or for an incremental build only the rows that may change (`load_changing`):
+    then `untouched` counts the open rows left out, which the version keeps as they are."""
 
     history: History
     open: dict[uuid.UUID, OpenRow]
+    untouched: int = 0
 
     @classmethod
     def load(cls, session: Session, domain_id: uuid.UUID) -> DomainRows:
@@ -278,6 +286,119 @@ class DomainRows:
                 if until is None:
                     open_rows[item_id] = (row_id, split, weight, ease)
         return cls(History(seen, evaluated), open_rows)
+
+    @classmethod
+    def load_changing(
+        cls, session: Session, domain_id: uuid.UUID, number: int, fraction: float, ngram: int
+    ) -> tuple[list[Item], DomainRows]:
+        """What an incremental build of version `number` (replaying `fraction`) looks at,
+        instead of every item and row of the domain: the eligible items without an open row
+        (new, or back after they left), and the open rows the version may not keep as they
+        are (eval rows, the train rows its draw picks, rows whose item is no longer eligible),
+        with their eligible items. The other open rows are train rows the version does not
+        draw, of eligible items: the full build keeps them unchecked too. Its `history`
+        covers these items only; an item with an open train row was never evaluated (its
+        group is a train group, and a group's split never changes)."""
+        seen: set[tuple[str, uuid.UUID]] = set()
+        evaluated: set[tuple[str, uuid.UUID]] = set()
+        open_rows: dict[uuid.UUID, OpenRow] = {}
+        items: list[Item] = []
+        is_postgres = session.get_bind().dialect.name == "postgresql"
+        for kind in KINDS:
+            column = getattr(DatasetMember, kind.member_column)
+            eligible = is_eligible(kind.model).label("is_eligible")
+            query = (
+                item_query(kind, ngram)
+                .add_columns(
+                    eligible,
+                    DatasetMember.id,
+                    DatasetMember.split,
+                    DatasetMember.weight,
+                    DatasetMember.ease,
+                )
+                .join(DatasetMember, column == kind.model.id)
+                .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+                .where(FIRST.domain_id == domain_id, DatasetMember.until_version.is_(None))
+            )
+            if is_postgres:  # elsewhere drawn below
+                sha256 = func.coalesce(DatasetMember.content_sha256, kind.model.content_sha256)
+                query = query.where(
+                    or_(
+                        DatasetMember.split == "eval",
+                        ~is_eligible(kind.model),
+                        sql_draw(str(number), sha256, fraction),
+                    )
+                )
+            rows = session.connection().execute(
+                query.execution_options(stream_results=True, yield_per=20_000)
+            )
+            for row in rows:
+                item = item_of(kind, row)
+                *_, is_eligible_now, row_id, split, weight, ease = row
+                if not is_postgres and split == "train" and is_eligible_now:
+                    if not is_drawn(str(number), item.content_sha256, fraction):
+                        continue
+                open_rows[item.id] = (row_id, split, weight, ease)
+                seen.add((kind.name, item.id))
+                if split == "eval":
+                    evaluated.add((kind.name, item.id))
+                if is_eligible_now:
+                    items.append(item)
+            loose = _without_open_row(session, kind, domain_id, ngram)
+            for chunk in chunked(loose):
+                for split, item_id in _rows_of(session, kind, domain_id, [i.id for i in chunk]):
+                    seen.add((kind.name, item_id))
+                    if split == "eval":
+                        evaluated.add((kind.name, item_id))
+            items += loose
+        untouched = _open_count(session, domain_id) - len(open_rows)
+        return items, cls(History(seen, evaluated), open_rows, untouched)
+
+
+def _without_open_row(
+    session: Session, kind: ItemKind, domain_id: uuid.UUID, ngram: int
+) -> list[Item]:
+    """The domain's eligible `kind` items that no open row of the domain holds."""
+    column = getattr(DatasetMember, kind.member_column)
+    has_open_row = (
+        select(DatasetMember.id)
+        .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+        .where(
+            column == kind.model.id,
+            DatasetMember.until_version.is_(None),
+            FIRST.domain_id == domain_id,
+        )
+        .exists()
+    )
+    query = item_query(kind, ngram).where(
+        kind.model.domain_id == domain_id, is_eligible(kind.model), ~has_open_row
+    )
+    return [item_of(kind, row) for row in session.connection().execute(query)]
+
+
+def _rows_of(
+    session: Session, kind: ItemKind, domain_id: uuid.UUID, item_ids: list[uuid.UUID]
+) -> Iterator[tuple[str, uuid.UUID]]:
+    """(split, item id) of every row, open or closed, of the domain holding these items."""
+    column = getattr(DatasetMember, kind.member_column)
+    yield from session.connection().execute(
+        select(DatasetMember.split, column)
+        .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+        .where(FIRST.domain_id == domain_id, column.in_(item_ids))
+    )
+
+
+def _open_count(session: Session, domain_id: uuid.UUID) -> int:
+    """How many of the domain's rows are open."""
+    return (
+        session.scalar(
+            select(func.count())
+            .select_from(DatasetMember)
+            .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+            .where(FIRST.domain_id == domain_id, DatasetMember.until_version.is_(None))
+        )
+        or 0
+    )
 
 
 @dataclass(frozen=True)
@@ -326,7 +447,7 @@ def write_changes(
         for item in pool.values()
     ]
     _insert_rows(session, version.id, added)
-    kept = len(rows.open) - len(closed)
+    kept = len(rows.open) + rows.untouched - len(closed)
     return {"kept": kept, "closed": len(closed), "added": len(added)}
 
 

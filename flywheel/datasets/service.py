@@ -125,17 +125,26 @@ class Built:
     """One line per problem with the splits, with its fix (flywheel.datasets.eval_size)."""
     rows: dict[str, int] = field(default_factory=dict)
     """Member rows the version kept open, closed and added (flywheel.datasets.membership)."""
+    considered: int = 0
+    """Items of the domain the build looked at: every eligible one from scratch, what may
+    change for an incremental build (`DomainRows.load_changing`)."""
 
 
 def build_dataset_version(
-    *, session: Session, tenant_id: uuid.UUID, domain_id: uuid.UUID, recipe: DatasetRecipe
+    *,
+    session: Session,
+    tenant_id: uuid.UUID,
+    domain_id: uuid.UUID,
+    recipe: DatasetRecipe,
+    from_scratch: bool = False,
 ) -> Built:
     """Build the domain's next version (or find that nothing changed), with warnings when
-    its eval split is too small to gate on."""
+    its eval split is too small to gate on. `from_scratch` reads every item and member row
+    of the domain even where an incremental build could (the same version either way)."""
     recipe.check()
     domain = session.get_one(Domain, domain_id)
     min_eval_items = dataset_settings(domain).min_eval_items
-    built = _build(session, tenant_id, domain_id, recipe, min_eval_items)
+    built = _build(session, tenant_id, domain_id, recipe, min_eval_items, from_scratch)
     built.warnings = eval_size_warnings(
         session, domain, built.version, min_eval_items=min_eval_items
     )
@@ -148,11 +157,12 @@ def _build(
     domain_id: uuid.UUID,
     recipe: DatasetRecipe,
     min_eval_items: int,
+    from_scratch: bool,
 ) -> Built:
     # Here: decontamination and sketches load numpy, which the version reads (`flywheel
     # dataset list`) skip.
     from flywheel.datasets.overlap import decontaminate, withhold_trained
-    from flywheel.datasets.sketches import ensure_sketches, sketched_items
+    from flywheel.datasets.sketches import ensure_sketches, sketched_items, with_sketches
 
     domain_lock(session, domain_id, "dataset-build")
     session.flush()  # the reads below run on the connection (Core rows: a third of the cost)
@@ -166,18 +176,25 @@ def _build(
         # each build sketches the items it reads without one.
         made = ensure_sketches(session, domains, recipe.ngram)
         refresh_statistics(session, ItemSketch.__tablename__, written=made)
-    eligible = sketched_items(session, domain_id, recipe.ngram)
-    rows = DomainRows.load(session, domain_id)
+    number = (parent.version + 1) if parent else 1
+    if not from_scratch and _is_incremental(parent, recipe):
+        changing, rows = DomainRows.load_changing(
+            session, domain_id, number, recipe.replay_fraction, recipe.ngram
+        )
+        eligible = with_sketches(session, changing, recipe.ngram)
+    else:
+        eligible = sketched_items(session, domain_id, recipe.ngram)
+        rows = DomainRows.load(session, domain_id)
     history = rows.history
+    considered = len(eligible)
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
-    number = (parent.version + 1) if parent else 1
     evaluation, train, undrawn, stats = _choose(
         [*eligible, *mixed], splits, history, recipe, number
     )
     is_same = parent is not None and _is_same_recipe(parent, recipe)
     if parent is not None and is_same and not stats["new"] and not stats["new_eval"]:
-        return Built(parent, is_new=False, stats=parent.stats)  # nothing since the last one
+        return Built(parent, False, parent.stats, considered=considered)  # nothing new
     evaluation, stats["withheld_from_eval"] = withhold_trained(
         session, domain_id, evaluation, history.evaluated, recipe.ngram
     )
@@ -186,7 +203,7 @@ def _build(
     train, contaminated = decontaminate(session, train, [*evaluation, *their_eval], recipe)
     if parent is not None and is_same and not _has_new(evaluation, train, history):
         # what was new was left out again (withheld, weighted out, contaminated): no new version
-        return Built(parent, is_new=False, stats=parent.stats)
+        return Built(parent, False, parent.stats, considered=considered)
     stats["contaminated"] = dict(contaminated)
     stats["builder"] = BUILDER
     stats["sketcher"] = SKETCHER
@@ -197,7 +214,7 @@ def _build(
     }
     manifest, eval_sha256 = manifest_hashes(ordered, recipe)
     if parent is not None and parent.manifest_sha256 == manifest:
-        return Built(parent, is_new=False, stats=parent.stats)
+        return Built(parent, False, parent.stats, considered=considered)
     stats |= split_counts(ordered)
     version = DatasetVersion(
         tenant_id=tenant_id,
@@ -214,7 +231,7 @@ def _build(
     _record_groups(session, domain_id, splits.new, version.id)
     wanted = Wanted(ordered["eval"], ordered["train"], undrawn, recipe.curriculum)
     changed = write_changes(session, version, wanted, rows)
-    return Built(version, is_new=True, stats=stats, rows=changed)
+    return Built(version, True, stats, rows=changed, considered=considered)
 
 
 def build_for(
@@ -253,6 +270,22 @@ def get_version(session: Session, domain: Domain, number: int) -> DatasetVersion
             f"v{number} (flywheel dataset build --domain {domain.name})"
         )
     return found
+
+
+def _is_incremental(parent: DatasetVersion | None, recipe: DatasetRecipe) -> bool:
+    """Whether a build may look at what can change only (`DomainRows.load_changing`): after
+    a version built by these rules from this very recipe, which mixes in no other domain.
+    Then no open row holds another domain's item (the parent's build closed those), and an
+    open train row this version does not draw stays as it is, as in a full build: the
+    parent's build already closed those its source weights leave out. Any other recipe, or
+    a first build, reads everything."""
+    return (
+        parent is not None
+        and parent.recipe == asdict(recipe)
+        and not recipe.mix
+        and parent.stats.get("builder") == BUILDER
+        and parent.stats.get("sketcher") == SKETCHER
+    )
 
 
 def _is_same_recipe(parent: DatasetVersion, recipe: DatasetRecipe) -> bool:

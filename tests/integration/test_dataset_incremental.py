@@ -1,6 +1,8 @@
-"""Incremental builds: a version built from the stored sketches and the kept eval index of the
-last build equals one built from scratch (no sketch stored, no index kept), byte for byte in
-the manifest, whatever changed since the last version."""
+"""Incremental builds: a version built from what may have changed (`DomainRows.load_changing`),
+the stored sketches and the kept eval index of the last build equals one built from scratch
+(every item and member row read, no sketch stored, no index kept), byte for byte in the
+manifest, in its stats and in the member rows it writes, whatever changed since the last
+version, and version after version."""
 
 from __future__ import annotations
 
@@ -13,9 +15,10 @@ import pytest
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from flywheel.datasets.membership import stored_manifest, version_members
 from flywheel.datasets.models import SKETCHER, DatasetVersion, ItemSketch
 from flywheel.datasets.overlap import forget_indexes
-from flywheel.datasets.service import DatasetRecipe, build_dataset_version
+from flywheel.datasets.service import Built, DatasetRecipe, build_dataset_version
 from flywheel.models import Domain, SftExample
 from flywheel.signals.candidates import Candidate
 from tests.conftest import Caller
@@ -45,12 +48,13 @@ def base(sessions: sessionmaker[Session], caller: Caller) -> dict[str, list[str]
     return groups
 
 
-def build(session: Session, caller: Caller) -> Any:
+def build(session: Session, caller: Caller, *, from_scratch: bool = False) -> Built:
     return build_dataset_version(
         session=session,
         tenant_id=caller.tenant_id,
         domain_id=domain_of_session(session, caller),
         recipe=RECIPE,
+        from_scratch=from_scratch,
     )
 
 
@@ -103,6 +107,24 @@ def retract(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> li
     return [sft(groups["train"][3], text(700))]
 
 
+def reweight(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> list[Candidate]:
+    """Every item of an eval group and of two train groups weighs more: their held rows close
+    and reopen with the new weight; the rest stay open as they were."""
+    keys = [groups["eval"][1], groups["train"][5], groups["train"][6]]
+    with sessions() as session:
+        session.execute(update(SftExample).where(SftExample.group_key.in_(keys)).values(weight=2.5))
+        session.commit()
+    return [sft(groups["train"][7], text(900))]
+
+
+def restore(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> list[Candidate]:
+    """Items retracted before the last version weigh again: back as replay candidates."""
+    with sessions() as session:
+        session.execute(update(SftExample).where(SftExample.weight == 0).values(weight=1.0))
+        session.commit()
+    return [sft(groups["train"][0], text(950))]
+
+
 def mixed(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> list[Candidate]:
     return [
         *new_train(sessions, groups),
@@ -113,12 +135,16 @@ def mixed(sessions: sessionmaker[Session], groups: dict[str, list[str]]) -> list
     ]
 
 
-def shows(shape: str, stats: dict[str, Any]) -> bool:
+def shows(shape: str, stats: dict[str, Any], rows: dict[str, int]) -> bool:
     """Whether the build's stats show the change's effect (so the comparison means something)."""
     if shape == "eval_asks_trained":
         return bool(stats["withheld_from_eval"] == {"prompt_trained": 1})
     if shape in ("eval_quotes_trained", "mixed"):
         return bool(stats["contaminated"].get("ngram_overlap"))
+    if shape == "reweight":
+        return bool(rows["closed"] and rows["added"] > rows["closed"])
+    if shape == "restore":
+        return bool(stats["replayed"] and stats["new"] == 1)
     return bool(stats["new"] or stats["new_eval"])
 
 
@@ -127,7 +153,7 @@ Change = Callable[[sessionmaker[Session], dict[str, list[str]]], list[Candidate]
 
 @pytest.mark.parametrize(
     "change",
-    [new_train, new_eval, eval_asks_trained, eval_quotes_trained, retract, mixed],
+    [new_train, new_eval, eval_asks_trained, eval_quotes_trained, retract, reweight, mixed],
     ids=lambda change: change.__name__,
 )
 def test_an_incremental_build_equals_one_from_scratch(
@@ -139,33 +165,66 @@ def test_an_incremental_build_equals_one_from_scratch(
         kept = set(session.scalars(select(ItemSketch.id)))
         incremental = build(session, acme)
         assert incremental.is_new
-        assert shows(change.__name__, incremental.stats)
+        assert shows(change.__name__, incremental.stats, incremental.rows)
         sketched = set(session.scalars(select(ItemSketch.id)))
-        result = (incremental.version.manifest_sha256, incremental.version.eval_sha256)
-        stats = incremental.stats
+        assert stored_manifest(session, incremental.version) == incremental.version.manifest_sha256
         session.rollback()
     with sessions() as session:
         forget_indexes()
         session.execute(delete(ItemSketch))
-        scratch = build(session, acme)
-        assert (scratch.version.manifest_sha256, scratch.version.eval_sha256) == result
-        assert scratch.stats == stats
+        scratch = build(session, acme, from_scratch=True)
+        assert outcome(scratch) == outcome(incremental)
+        assert incremental.considered < scratch.considered  # it looked at less
         session.rollback()
     assert kept  # the first build sketched its items,
     assert kept < sketched  # and this one kept those sketches and sketched the new items
 
 
-def test_changed_sketch_rules_rebuild_the_sketches(
+def test_a_chain_of_incremental_builds_equals_builds_from_scratch_at_every_version(
     sessions: sessionmaker[Session], acme: Caller
 ) -> None:
+    """Each version is built on the rows the incremental builds before it wrote: retracted
+    items come back, reweighted ones change again, eval grows and quotes train."""
+    groups = base(sessions, acme)
+    chain: list[Change] = [retract, new_eval, reweight, restore, eval_quotes_trained, new_train]
+    for change in chain:
+        store(sessions, acme, change(sessions, groups))
+        with sessions() as session:
+            scratch = build(session, acme, from_scratch=True)
+            session.rollback()
+        with sessions() as session:
+            incremental = build(session, acme)
+            assert outcome(incremental) == outcome(scratch), change.__name__
+            assert incremental.considered < scratch.considered
+            version = incremental.version
+            assert stored_manifest(session, version) == version.manifest_sha256
+            session.commit()
+        assert shows(change.__name__, incremental.stats, incremental.rows), change.__name__
+
+
+def outcome(built: Built) -> tuple[Any, ...]:
+    """What a build decided: the version's hashes, stats and the member rows it wrote."""
+    version = built.version
+    return built.is_new, version.manifest_sha256, version.eval_sha256, built.stats, built.rows
+
+
+def test_a_build_replaces_the_stale_sketches_of_the_items_it_holds(
+    sessions: sessionmaker[Session], acme: Caller
+) -> None:
+    """Sketches made by other rules are made again for every item the version holds (those
+    of the undrawn replay candidates an incremental build does not read, when one is)."""
     groups = base(sessions, acme)
     with sessions() as session:
         session.execute(update(ItemSketch).values(sketcher=SKETCHER - 1, grams=b""))
         session.commit()
     store(sessions, acme, new_eval(sessions, groups))
     with sessions() as session:
-        build(session, acme)
-        stamps = session.execute(select(ItemSketch.sketcher, func.length(ItemSketch.grams)))
+        held = {item.item_id for item in version_members(session, build(session, acme).version)}
+        stamps = session.execute(
+            select(ItemSketch.sketcher, func.length(ItemSketch.grams)).where(
+                ItemSketch.sft_example_id.in_(held)
+            )
+        )
         assert {(stamp, size > 0) for stamp, size in stamps} == {(SKETCHER, True)}
 
 
