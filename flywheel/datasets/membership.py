@@ -303,56 +303,59 @@ class DomainRows:
         evaluated: set[tuple[str, uuid.UUID]] = set()
         open_rows: dict[uuid.UUID, OpenRow] = {}
         items: list[Item] = []
-        is_postgres = session.get_bind().dialect.name == "postgresql"
         for kind in KINDS:
-            column = getattr(DatasetMember, kind.member_column)
-            eligible = is_eligible(kind.model).label("is_eligible")
-            query = (
-                item_query(kind, ngram)
-                .add_columns(
-                    eligible,
-                    DatasetMember.id,
-                    DatasetMember.split,
-                    DatasetMember.weight,
-                    DatasetMember.ease,
-                )
-                .join(DatasetMember, column == kind.model.id)
-                .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
-                .where(FIRST.domain_id == domain_id, DatasetMember.until_version.is_(None))
-            )
-            if is_postgres:  # elsewhere drawn below
-                sha256 = func.coalesce(DatasetMember.content_sha256, kind.model.content_sha256)
-                query = query.where(
-                    or_(
-                        DatasetMember.split == "eval",
-                        ~is_eligible(kind.model),
-                        sql_draw(str(number), sha256, fraction),
-                    )
-                )
-            rows = session.connection().execute(
-                query.execution_options(stream_results=True, yield_per=20_000)
-            )
-            for row in rows:
-                item = item_of(kind, row)
-                *_, is_eligible_now, row_id, split, weight, ease = row
-                if not is_postgres and split == "train" and is_eligible_now:
-                    if not is_drawn(str(number), item.content_sha256, fraction):
-                        continue
-                open_rows[item.id] = (row_id, split, weight, ease)
+            for item, is_eligible_now, open_row in _changing_rows(
+                session, kind, domain_id, number, fraction, ngram
+            ):
+                open_rows[item.id] = open_row
                 seen.add((kind.name, item.id))
-                if split == "eval":
+                if open_row[1] == "eval":
                     evaluated.add((kind.name, item.id))
                 if is_eligible_now:
                     items.append(item)
             loose = _without_open_row(session, kind, domain_id, ngram)
-            for chunk in chunked(loose):
-                for split, item_id in _rows_of(session, kind, domain_id, [i.id for i in chunk]):
-                    seen.add((kind.name, item_id))
-                    if split == "eval":
-                        evaluated.add((kind.name, item_id))
+            for split, item_id in _rows_of(session, kind, domain_id, [item.id for item in loose]):
+                seen.add((kind.name, item_id))
+                if split == "eval":
+                    evaluated.add((kind.name, item_id))
             items += loose
         untouched = _open_count(session, domain_id) - len(open_rows)
         return items, cls(History(seen, evaluated), open_rows, untouched)
+
+
+def _changing_rows(
+    session: Session, kind: ItemKind, domain_id: uuid.UUID, number: int, fraction: float, n: int
+) -> Iterator[tuple[Item, bool, OpenRow]]:
+    """The domain's open rows of `kind` items that version `number` may not keep as they are
+    (eval, drawn, or of an item no longer eligible): each row's item, whether it is eligible,
+    and the row. On PostgreSQL the draw is made in the query, elsewhere here."""
+    column = getattr(DatasetMember, kind.member_column)
+    query = (
+        item_query(kind, n)
+        .add_columns(
+            is_eligible(kind.model),
+            DatasetMember.id,
+            DatasetMember.split,
+            DatasetMember.weight,
+            DatasetMember.ease,
+        )
+        .join(DatasetMember, column == kind.model.id)
+        .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+        .where(FIRST.domain_id == domain_id, DatasetMember.until_version.is_(None))
+    )
+    is_postgres = session.get_bind().dialect.name == "postgresql"
+    if is_postgres:
+        sha256 = func.coalesce(DatasetMember.content_sha256, kind.model.content_sha256)
+        drawn = sql_draw(str(number), sha256, fraction)
+        query = query.where(or_(DatasetMember.split == "eval", ~is_eligible(kind.model), drawn))
+    rows = session.connection().execute(query)
+    for row in rows:
+        item = item_of(kind, row)
+        *_, is_eligible_now, row_id, split, weight, ease = row
+        kept = split == "train" and is_eligible_now and not is_postgres
+        if kept and not is_drawn(str(number), item.content_sha256, fraction):
+            continue
+        yield item, is_eligible_now, (row_id, split, weight, ease)
 
 
 def _without_open_row(
@@ -381,11 +384,12 @@ def _rows_of(
 ) -> Iterator[tuple[str, uuid.UUID]]:
     """(split, item id) of every row, open or closed, of the domain holding these items."""
     column = getattr(DatasetMember, kind.member_column)
-    yield from session.connection().execute(
-        select(DatasetMember.split, column)
-        .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
-        .where(FIRST.domain_id == domain_id, column.in_(item_ids))
-    )
+    for chunk in chunked(item_ids):
+        yield from session.connection().execute(
+            select(DatasetMember.split, column)
+            .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
+            .where(FIRST.domain_id == domain_id, column.in_(chunk))
+        )
 
 
 def _open_count(session: Session, domain_id: uuid.UUID) -> int:
