@@ -328,7 +328,9 @@ def _changing_rows(
 ) -> Iterator[tuple[Item, bool, OpenRow]]:
     """The domain's open rows of `kind` items that version `number` may not keep as they are
     (eval, drawn, or of an item no longer eligible): each row's item, whether it is eligible,
-    and the row. On PostgreSQL the draw is made in the query, elsewhere here."""
+    and the row. On PostgreSQL the draw is made in the query (held rows, then the few rows
+    whose item left: each query filters rows before it joins what the other needs), elsewhere
+    here over every open row."""
     column = getattr(DatasetMember, kind.member_column)
     query = (
         item_query(kind, n)
@@ -347,15 +349,24 @@ def _changing_rows(
     if is_postgres:
         sha256 = func.coalesce(DatasetMember.content_sha256, kind.model.content_sha256)
         drawn = sql_draw(str(number), sha256, fraction)
-        query = query.where(or_(DatasetMember.split == "eval", ~is_eligible(kind.model), drawn))
-    rows = session.connection().execute(query)
-    for row in rows:
-        item = item_of(kind, row)
-        *_, is_eligible_now, row_id, split, weight, ease = row
-        kept = split == "train" and is_eligible_now and not is_postgres
-        if kept and not is_drawn(str(number), item.content_sha256, fraction):
-            continue
-        yield item, is_eligible_now, (row_id, split, weight, ease)
+        queries = [
+            query.where(or_(DatasetMember.split == "eval", drawn)),
+            query.where(~is_eligible(kind.model)),
+        ]
+    else:
+        queries = [query]
+    read: set[uuid.UUID] = set()
+    for rows in map(session.connection().execute, queries):
+        for row in rows:
+            item = item_of(kind, row)
+            *_, is_eligible_now, row_id, split, weight, ease = row
+            if row_id in read:
+                continue  # an eval or drawn row of an item that left: read by both queries
+            undrawn = split == "train" and is_eligible_now and not is_postgres
+            if undrawn and not is_drawn(str(number), item.content_sha256, fraction):
+                continue
+            read.add(row_id)
+            yield item, is_eligible_now, (row_id, split, weight, ease)
 
 
 def _without_open_row(

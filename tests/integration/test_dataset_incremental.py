@@ -180,12 +180,18 @@ def test_an_incremental_build_equals_one_from_scratch(
     assert kept < sketched  # and this one kept those sketches and sketched the new items
 
 
+@pytest.mark.parametrize("min_eval_items", [0, 40])
 def test_a_chain_of_incremental_builds_equals_builds_from_scratch_at_every_version(
-    sessions: sessionmaker[Session], acme: Caller
+    sessions: sessionmaker[Session], acme: Caller, min_eval_items: int
 ) -> None:
     """Each version is built on the rows the incremental builds before it wrote: retracted
-    items come back, reweighted ones change again, eval grows and quotes train."""
+    items come back, reweighted ones change again, eval grows and quotes train; with a
+    minimum eval size the eval set is short of, new groups fill eval first."""
     groups = base(sessions, acme)
+    with sessions() as session:
+        domain = session.get_one(Domain, domain_of_session(session, acme))
+        domain.config = {**(domain.config or {}), "dataset": {"min_eval_items": min_eval_items}}
+        session.commit()
     chain: list[Change] = [retract, new_eval, reweight, restore, eval_quotes_trained, new_train]
     for change in chain:
         store(sessions, acme, change(sessions, groups))
