@@ -8,8 +8,9 @@ set-based SQL (varied synthetic support text, five items per group), then measur
   (b) the items' decontamination sketches (`ensure_sketches`: once per item, as a write
       would; a build makes those it lacks),
   (c) `build_dataset_version` of the domain (split, decontamination, manifest, members),
-  (d) after 1% more items, the next version (sketching the new items, extending the eval
-      index the first build kept),
+  (d) after 1% more items, the next version (incremental: reading the new items and the rows
+      that may change only, sketching the new items, extending the eval index the first build
+      kept),
   (e) `flywheel dataset export` of the first version (a child process: its peak RSS) and of
       the second (its replay drawn when read),
 
@@ -103,7 +104,7 @@ def main() -> None:
         with unit_of_work(sessions) as session:
             ensure_sketches(session, [ids["domain"]], DatasetRecipe().ngram)
         sketch_s = time.perf_counter() - started
-        build_s, stats = _build(sessions, ids)
+        build_s, stats, considered = _build(sessions, ids)
         first_rows = _member_rows(plain)
         added = max(1, args.items // 100)
         with psycopg.connect(plain, autocommit=True) as connection:
@@ -111,13 +112,14 @@ def main() -> None:
                 LOAD_SQL, ids | {"start": args.items + 1, "items": args.items + added}
             )
             connection.execute("VACUUM ANALYZE sft_examples")
-        incremental_s, incremental_stats = _build(sessions, ids)
+        incremental_s, incremental_stats, considered_2 = _build(sessions, ids)
         rows, table_mb = _member_rows(plain)
         engine.dispose()
         export_seconds, peak_mb = _export(url, 1)
         export_2_seconds, peak_2_mb = _export(url, 2)
         print(f"{args.items:,} SFT examples; {os.cpu_count()} CPUs; stats: {stats}")
         print(f"incremental (+{added:,}) stats: {incremental_stats}")
+        print(f"items each build looked at: full {considered:,}, +1% {considered_2:,}")
         print(f"{'COPY sft_examples TO STDOUT (best of 3)':<44}{copy_s:>9.2f} s")
         print(f"{'sketches (once per item, before the build)':<44}{sketch_s:>9.2f} s")
         print(f"{'build_dataset_version (full, sketched)':<44}{build_s:>9.2f} s")
@@ -159,8 +161,9 @@ def scratch_domain(
         drop_postgres_database(url)
 
 
-def _build(sessions: sessionmaker[Session], ids: dict[str, uuid.UUID]) -> tuple[float, Any]:
-    """Seconds of one `build_dataset_version` of the domain, and its stats."""
+def _build(sessions: sessionmaker[Session], ids: dict[str, uuid.UUID]) -> tuple[float, Any, int]:
+    """Seconds of one `build_dataset_version` of the domain, its stats and the items it
+    looked at."""
     started = time.perf_counter()
     with unit_of_work(sessions) as session:
         built = build_dataset_version(
@@ -169,8 +172,8 @@ def _build(sessions: sessionmaker[Session], ids: dict[str, uuid.UUID]) -> tuple[
             domain_id=ids["domain"],
             recipe=DatasetRecipe(),
         )
-        stats = built.stats
-    return time.perf_counter() - started, stats
+        stats, considered = built.stats, built.considered
+    return time.perf_counter() - started, stats, considered
 
 
 def _member_rows(plain: str) -> tuple[int, float]:

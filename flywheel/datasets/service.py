@@ -33,6 +33,15 @@ each spanning the versions that hold it; the replay draw is made again when a ve
 The manifest hash is of what the version holds, as before, so it is the one a build from
 scratch gives.
 
+What a build reads after the first: when the parent was built by these rules from the same
+recipe, without a mix, only what may change (`DomainRows.load_changing`): the eligible items
+without an open row (new ones), the eval rows, the train rows this version's draw picks, and
+the rows whose item left. The undrawn train rows (about two thirds of a domain at the default
+replay fraction) are neither read nor checked, as a full build keeps them unchecked too; the
+rest is the same code, so the version is the one a full build gives (`from_scratch=True`
+reads everything). The work is still in proportion to what the version holds (eval and replay
+included), not to what is new.
+
 Small domains: the recipe's eval fraction places only groups no build placed yet, and a
 domain's `dataset.min_eval_items` (flywheel.datasets.settings) makes new groups fill eval first
 while its eval groups hold fewer items (the minimum used is kept in the stats). A build whose
