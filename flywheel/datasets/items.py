@@ -140,6 +140,12 @@ class History:
     seen: set[tuple[str, uuid.UUID]]
     evaluated: set[tuple[str, uuid.UUID]]
 
+    def add(self, kind: str, item_id: uuid.UUID, split: str) -> None:
+        """A version held the item in `split`."""
+        self.seen.add((kind, item_id))
+        if split == "eval":
+            self.evaluated.add((kind, item_id))
+
 
 def text_columns(model: Any) -> tuple[Any, ...]:
     """The columns of the text decontamination compares: what a model would read or write

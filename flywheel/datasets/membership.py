@@ -258,34 +258,28 @@ class DomainRows:
 
     @classmethod
     def load(cls, session: Session, domain_id: uuid.UUID) -> DomainRows:
-        seen: set[tuple[str, uuid.UUID]] = set()
-        evaluated: set[tuple[str, uuid.UUID]] = set()
+        history = History(set(), set())
         open_rows: dict[uuid.UUID, OpenRow] = {}
         for kind in KINDS:
             column = getattr(DatasetMember, kind.member_column)
-            query = (
-                select(
-                    column,
-                    DatasetMember.split,
-                    DatasetMember.until_version,
-                    DatasetMember.id,
-                    DatasetMember.weight,
-                    DatasetMember.ease,
-                )
-                .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
-                .where(FIRST.domain_id == domain_id, column.is_not(None))
-            )
+            query = select(
+                column,
+                DatasetMember.split,
+                DatasetMember.until_version,
+                DatasetMember.id,
+                DatasetMember.weight,
+                DatasetMember.ease,
+            ).where(column.is_not(None))
             rows = session.connection().execute(
-                query.execution_options(stream_results=True, yield_per=20_000)
+                _of_domain(query, domain_id).execution_options(
+                    stream_results=True, yield_per=20_000
+                )
             )
             for item_id, split, until, row_id, weight, ease in rows:
-                key = (kind.name, item_id)
-                seen.add(key)
-                if split == "eval":
-                    evaluated.add(key)
+                history.add(kind.name, item_id, split)
                 if until is None:
                     open_rows[item_id] = (row_id, split, weight, ease)
-        return cls(History(seen, evaluated), open_rows)
+        return cls(history, open_rows)
 
     @classmethod
     def load_changing(
@@ -299,8 +293,7 @@ class DomainRows:
         draw, of eligible items: the full build keeps them unchecked too. Its `history`
         covers these items only; an item with an open train row was never evaluated (its
         group is a train group, and a group's split never changes)."""
-        seen: set[tuple[str, uuid.UUID]] = set()
-        evaluated: set[tuple[str, uuid.UUID]] = set()
+        history = History(set(), set())
         open_rows: dict[uuid.UUID, OpenRow] = {}
         items: list[Item] = []
         for kind in KINDS:
@@ -308,19 +301,15 @@ class DomainRows:
                 session, kind, domain_id, number, fraction, ngram
             ):
                 open_rows[item.id] = open_row
-                seen.add((kind.name, item.id))
-                if open_row[1] == "eval":
-                    evaluated.add((kind.name, item.id))
+                history.add(kind.name, item.id, open_row[1])
                 if is_eligible_now:
                     items.append(item)
             loose = _without_open_row(session, kind, domain_id, ngram)
             for split, item_id in _rows_of(session, kind, domain_id, [item.id for item in loose]):
-                seen.add((kind.name, item_id))
-                if split == "eval":
-                    evaluated.add((kind.name, item_id))
+                history.add(kind.name, item_id, split)
             items += loose
         untouched = _open_count(session, domain_id) - len(open_rows)
-        return items, cls(History(seen, evaluated), open_rows, untouched)
+        return items, cls(history, open_rows, untouched)
 
 
 def _changing_rows(
@@ -342,9 +331,8 @@ def _changing_rows(
             DatasetMember.ease,
         )
         .join(DatasetMember, column == kind.model.id)
-        .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
-        .where(FIRST.domain_id == domain_id, DatasetMember.until_version.is_(None))
     )
+    query = _of_domain(query, domain_id, open_only=True)
     is_postgres = session.get_bind().dialect.name == "postgresql"
     if is_postgres:
         sha256 = func.coalesce(DatasetMember.content_sha256, kind.model.content_sha256)
@@ -358,10 +346,10 @@ def _changing_rows(
     read: set[uuid.UUID] = set()
     for rows in map(session.connection().execute, queries):
         for row in rows:
-            item = item_of(kind, row)
             *_, is_eligible_now, row_id, split, weight, ease = row
             if row_id in read:
                 continue  # an eval or drawn row of an item that left: read by both queries
+            item = item_of(kind, row)
             undrawn = split == "train" and is_eligible_now and not is_postgres
             if undrawn and not is_drawn(str(number), item.content_sha256, fraction):
                 continue
@@ -374,16 +362,8 @@ def _without_open_row(
 ) -> list[Item]:
     """The domain's eligible `kind` items that no open row of the domain holds."""
     column = getattr(DatasetMember, kind.member_column)
-    has_open_row = (
-        select(DatasetMember.id)
-        .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
-        .where(
-            column == kind.model.id,
-            DatasetMember.until_version.is_(None),
-            FIRST.domain_id == domain_id,
-        )
-        .exists()
-    )
+    open_rows = select(DatasetMember.id).where(column == kind.model.id)
+    has_open_row = _of_domain(open_rows, domain_id, open_only=True).exists()
     query = item_query(kind, ngram).where(
         kind.model.domain_id == domain_id, is_eligible(kind.model), ~has_open_row
     )
@@ -396,24 +376,22 @@ def _rows_of(
     """(split, item id) of every row, open or closed, of the domain holding these items."""
     column = getattr(DatasetMember, kind.member_column)
     for chunk in chunked(item_ids):
-        yield from session.connection().execute(
-            select(DatasetMember.split, column)
-            .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
-            .where(FIRST.domain_id == domain_id, column.in_(chunk))
-        )
+        query = select(DatasetMember.split, column).where(column.in_(chunk))
+        yield from session.connection().execute(_of_domain(query, domain_id))
 
 
 def _open_count(session: Session, domain_id: uuid.UUID) -> int:
     """How many of the domain's rows are open."""
-    return (
-        session.scalar(
-            select(func.count())
-            .select_from(DatasetMember)
-            .join(FIRST, FIRST.id == DatasetMember.dataset_version_id)
-            .where(FIRST.domain_id == domain_id, DatasetMember.until_version.is_(None))
-        )
-        or 0
+    query = select(func.count()).select_from(DatasetMember)
+    return session.scalar(_of_domain(query, domain_id, open_only=True)) or 0
+
+
+def _of_domain(query: Select[Any], domain_id: uuid.UUID, *, open_only: bool = False) -> Select[Any]:
+    """The query over the member rows of the domain's versions (`open_only`: still open)."""
+    query = query.join(FIRST, FIRST.id == DatasetMember.dataset_version_id).where(
+        FIRST.domain_id == domain_id
     )
+    return query.where(DatasetMember.until_version.is_(None)) if open_only else query
 
 
 @dataclass(frozen=True)
