@@ -1,6 +1,12 @@
 """Every table, in one import: what Alembic and the schema tests see."""
 
-from flywheel.datasets.models import DatasetGroup, DatasetMember, DatasetVersion, ItemSketch
+from flywheel.datasets.models import (
+    DatasetGroup,
+    DatasetMember,
+    DatasetVersion,
+    EvalIndexPart,
+    ItemSketch,
+)
 from flywheel.db import Base
 from flywheel.feedback.models import FeedbackBatch, FeedbackEvent, ForgetRequest, Interaction
 from flywheel.registry.models import ModelVersion, PromotionEvent, Run, WebhookDelivery
@@ -22,6 +28,7 @@ __all__ = [
     "DatasetMember",
     "DatasetVersion",
     "Domain",
+    "EvalIndexPart",
     "FeedbackBatch",
     "FeedbackEvent",
     "ForgetRequest",

@@ -352,16 +352,44 @@ class EvalIndex:
     def extended(self, sketches: Sequence[tuple[bytes, bytes]]) -> EvalIndex:
         """This index with more eval items, given as sketches: equal to indexing them all at
         once (without a per-gram item limit, which needs every item's grams counted)."""
+        return self.merged([EvalIndex.from_sketches(sketches, self.config)])
+
+    def merged(self, others: Sequence[EvalIndex]) -> EvalIndex:
+        """The index of this one's eval items and the others' (disjoint items, the same
+        config): equal to indexing them all at once, without a per-gram item limit."""
         if self.config.max_eval_items_per_gram is not None:
             raise InvalidInput("an index that drops frequent grams cannot be extended")
-        added = EvalIndex.from_sketches(sketches, self.config)
-        grams = distinct(np.concatenate([self._grams.values, added._grams.values]))
-        rows = [row.tobytes() for row in (*self._signatures, *added._signatures)]
+        if any(other.config != self.config for other in others):
+            raise InvalidInput("only indexes made with the same settings can be merged")
+        grams = distinct(np.concatenate([self._grams.values, *(o._grams.values for o in others)]))
+        rows = [row.tobytes() for index in (self, *others) for row in index._signatures]
         return EvalIndex(
             self.config,
             grams=grams,
             signatures=_distinct_signatures(rows),
-            eval_items=self.eval_items + added.eval_items,
+            eval_items=self.eval_items + sum(other.eval_items for other in others),
+        )
+
+    def hashes(self) -> tuple[bytes, bytes]:
+        """The index as bytes: its distinct n-gram hashes (sorted, little-endian uint64) and
+        distinct signatures (little-endian uint32 rows), which `of_hashes` reads back."""
+        return (
+            self._grams.values.astype("<u8").tobytes(),
+            self._signatures.astype("<u4").tobytes(),
+        )
+
+    @classmethod
+    def of_hashes(
+        cls, grams: bytes, signatures: bytes, eval_items: int, config: DecontaminationConfig
+    ) -> EvalIndex:
+        """The index `hashes` gave these bytes of (of `eval_items` items)."""
+        return cls(
+            config,
+            grams=np.frombuffer(grams, dtype="<u8").astype(np.uint64),
+            signatures=np.frombuffer(signatures, dtype="<u4")
+            .astype(np.uint32)
+            .reshape(-1, NUM_PERM),
+            eval_items=eval_items,
         )
 
     @property

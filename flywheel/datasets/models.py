@@ -187,3 +187,32 @@ class ItemSketch(ItemRefs, IdMixin, Base):
     signature: Mapped[bytes] = mapped_column(
         LargeBinary, doc="MinHash signature of the compared text as one field."
     )
+
+
+class EvalIndexPart(IdMixin, Base):
+    """Part of a domain's kept eval index (flywheel.datasets.overlap): the eval items it
+    covers, and their distinct n-gram hashes and MinHash signatures, as the index holds
+    them. The union of a domain's parts (disjoint item sets) is the index of all their items,
+    so a build in any process reads the parts instead of every eval item's sketch, and writes
+    a part for the items it added. Made by one set of rules (`rules`: the sketcher and the
+    decontamination settings); forgetting any item of the tenant deletes its parts."""
+
+    __tablename__ = "eval_index_parts"
+    __table_args__ = (Index(None, "domain_id"),)
+
+    domain_id: Mapped[uuid.UUID] = mapped_column(ForeignKey("domains.id", ondelete="CASCADE"))
+    rules: Mapped[str] = mapped_column(String(255))
+    number: Mapped[int] = mapped_column(doc="Its place among the domain's parts, from 0.")
+    covers: Mapped[str] = mapped_column(
+        String(64), doc="The index key of the items of this part and every earlier one."
+    )
+    item_count: Mapped[int]
+    items: Mapped[bytes] = mapped_column(
+        LargeBinary, doc="The items covered: per item its kind's number and id, 17 bytes."
+    )
+    grams: Mapped[bytes] = mapped_column(
+        LargeBinary, doc="Their distinct n-gram hashes, sorted, little-endian uint64."
+    )
+    signatures: Mapped[bytes] = mapped_column(
+        LargeBinary, doc="Their distinct signatures, little-endian uint32 rows."
+    )

@@ -3,9 +3,10 @@ earlier version trained on are withheld from eval, and train items that overlap 
 (the same prompt key, n-gram overlap, near-duplicates) are dropped, counted by reason.
 
 Both sides are compared by their stored sketches (flywheel.datasets.sketches). The eval index
-of the last eval sets is kept in the process, keyed by the hash of the eval items and the
-rules: a build whose eval set is the last one plus new items extends it with those items
-only, instead of indexing the whole eval set again (the same index either way)."""
+of a domain is kept, in the process (the last two, keyed by the hash of the eval items and the
+rules) and in the database (flywheel.datasets.kept_index: in parts, which any process reads):
+a build whose eval set is the kept one plus new items extends it with those items only,
+instead of indexing the whole eval set again (the same index either way)."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from sqlalchemy.orm import Session
 from flywheel.bulk import chunked
 from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
 from flywheel.datasets.items import KINDS, Item
+from flywheel.datasets.kept_index import Kept, rules_of
 from flywheel.datasets.models import SKETCHER, DatasetMember, DatasetVersion, ItemSketch
 from flywheel.datasets.sketches import sketches_of
 from flywheel.errors import InvalidState
@@ -94,12 +96,19 @@ def _trained_keys(
 
 
 def decontaminate(
-    session: Session, train: list[Item], evaluation: list[Item], recipe: DatasetRecipe
+    session: Session,
+    domain_id: uuid.UUID,
+    train: list[Item],
+    evaluation: list[Item],
+    recipe: DatasetRecipe,
+    *,
+    read_kept: bool = True,
 ) -> tuple[list[Item], Counter[str]]:
     """Drop train items that overlap the eval set; the reasons, counted. First the exact
     prompt key (the same question, whatever the answer: catches the short prompts n-grams
     cannot), then n-gram overlap and near-duplicates, both sides by their stored sketches
-    (signed from the same one-field text; stored dedup signatures differ per table)."""
+    (signed from the same one-field text; stored dedup signatures differ per table). The
+    eval index is the domain's kept one where it can be (`eval_index`)."""
     if any(item.prompt_key is None for item in [*train, *evaluation]):
         raise InvalidState("an item has no sketch: ensure_sketches makes them")
     eval_keys = {item.prompt_key for item in evaluation}
@@ -109,7 +118,7 @@ def decontaminate(
     config = DecontaminationConfig(
         ngram_words=recipe.ngram, near_duplicate_threshold=recipe.near_duplicate_threshold
     )
-    index = eval_index(session, evaluation, config, recipe.ngram)
+    index = eval_index(session, domain_id, evaluation, config, recipe.ngram, read_kept=read_kept)
     sketches = sketches_of(session, train, recipe.ngram)
     dropped = dict(
         index.contaminated_sketches(
@@ -131,12 +140,44 @@ _lock = threading.Lock()
 
 
 def eval_index(
-    session: Session, evaluation: list[Item], config: DecontaminationConfig, n: int
+    session: Session,
+    domain_id: uuid.UUID,
+    evaluation: list[Item],
+    config: DecontaminationConfig,
+    n: int,
+    *,
+    read_kept: bool = True,
 ) -> EvalIndex:
-    """The index of these eval items: a kept one for the same items, a kept one of a subset
-    extended by the rest (only their sketches read), or a new one; kept for the next build."""
+    """The index of these eval items (the domain's eval set), the same index however it is
+    made: the one this process kept for the same items, or for a subset extended by the
+    rest; else the domain's kept parts (`flywheel.datasets.kept_index`), extended likewise
+    (`read_kept`: False makes it from the sketches instead); else made from every item's
+    sketch. The parts are then brought up to these items, and the process keeps the index
+    for its next build."""
     items = frozenset((item.kind, item.id) for item in evaluation)
     key = _index_key(items, config)
+    index = _in_process(session, evaluation, items, key, config, n)
+    if config.max_eval_items_per_gram is not None or not items:
+        index = index or _from_sketches(session, evaluation, config, n)
+    else:
+        index = _with_parts(session, domain_id, evaluation, items, key, config, n, index, read_kept)
+    with _lock:
+        _kept[key] = _Kept(items, index)
+        while len(_kept) > KEPT_INDEXES:
+            _kept.popitem(last=False)
+    return index
+
+
+def _in_process(
+    session: Session,
+    evaluation: list[Item],
+    items: frozenset[tuple[str, uuid.UUID]],
+    key: str,
+    config: DecontaminationConfig,
+    n: int,
+) -> EvalIndex | None:
+    """The index this process kept for these items, or for a subset, extended by the rest
+    (only their sketches read); None if it kept neither."""
     with _lock:
         if key in _kept:
             _kept.move_to_end(key)
@@ -149,20 +190,52 @@ def eval_index(
             ),
             None,
         )
-    if base is not None and config.max_eval_items_per_gram is None:
-        added = [item for item in evaluation if (item.kind, item.id) not in base.items]
-        index = base.index.extended(list(sketches_of(session, added, n).values()))
-    else:
-        index = EvalIndex.from_sketches(list(sketches_of(session, evaluation, n).values()), config)
-    with _lock:
-        _kept[key] = _Kept(items, index)
-        while len(_kept) > KEPT_INDEXES:
-            _kept.popitem(last=False)
-    return index
+    if base is None or config.max_eval_items_per_gram is not None:
+        return None
+    added = [item for item in evaluation if (item.kind, item.id) not in base.items]
+    return base.index.extended(list(sketches_of(session, added, n).values()))
+
+
+def _with_parts(
+    session: Session,
+    domain_id: uuid.UUID,
+    evaluation: list[Item],
+    items: frozenset[tuple[str, uuid.UUID]],
+    key: str,
+    config: DecontaminationConfig,
+    n: int,
+    index: EvalIndex | None,
+    read_kept: bool,
+) -> EvalIndex:
+    """The index (this process's, else from the domain's kept parts, else from sketches),
+    with the parts brought up to these items: a part for the items they do not cover, or,
+    when they cover an item no longer in eval, were made by other rules or are many, the
+    index as the only part."""
+    kept = Kept.read(session, domain_id, rules_of(config))
+    if kept.covers(key):
+        if index is None:
+            index = kept.index(session, config) if read_kept else None
+        return index or _from_sketches(session, evaluation, config, n)
+    covered = kept.items(session) if kept.is_usable else None
+    if covered is None or not covered <= items or kept.is_full or not read_kept:
+        index = index or _from_sketches(session, evaluation, config, n)
+        kept.replace(session, key, items, index)
+        return index
+    added = [item for item in evaluation if (item.kind, item.id) not in covered]
+    part = _from_sketches(session, added, config, n)
+    kept.add(session, key, items - covered, part)
+    return index or kept.index(session, config)
+
+
+def _from_sketches(
+    session: Session, evaluation: list[Item], config: DecontaminationConfig, n: int
+) -> EvalIndex:
+    return EvalIndex.from_sketches(list(sketches_of(session, evaluation, n).values()), config)
 
 
 def forget_indexes() -> None:
-    """Drop the kept eval indexes (a from-scratch build, in tests and benchmarks)."""
+    """Drop the eval indexes this process kept (a from-scratch build, in tests and
+    benchmarks)."""
     with _lock:
         _kept.clear()
 

@@ -16,7 +16,9 @@ What goes, in one transaction:
 Dataset versions that held a deleted item lose those members (the foreign keys cascade; no row
 is left pointing at nothing) and are marked tainted, as is every model version trained on one
 of them: each records the first request that tainted it (the audit rows list them all). The
-request is a `forget_requests` row that keeps the subject only as a hash.
+tenant's kept eval indexes (flywheel.datasets.kept_index: hashes of eval items' text) are
+deleted; the next builds index from the sketches. The request is a `forget_requests` row that
+keeps the subject only as a hash.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from flywheel.bulk import chunked
 from flywheel.datasets.items import KINDS
+from flywheel.datasets.kept_index import purge as purge_kept_indexes
 from flywheel.datasets.membership import versions_holding
 from flywheel.datasets.service import taint_versions
 from flywheel.db import unit_of_work
@@ -102,6 +105,7 @@ def forget(
         else:
             _forget_source_record(session, tenant_id, subject, report)
         _forget_purged(session, tenant_id, kind, subject, report)
+        purge_kept_indexes(session, tenant_id)
         _taint(session, report)
         request.counts = dict(report.counts)
         request.dataset_version_ids = [str(each) for each in report.dataset_version_ids]

@@ -1,13 +1,13 @@
 """Incremental builds: a version built from what may have changed (`DomainRows.load_changing`),
-the stored sketches and the kept eval index of the last build equals one built from scratch
-(every item and member row read, no sketch stored, no index kept), byte for byte in the
-manifest, in its stats and in the member rows it writes, whatever changed since the last
-version, and version after version."""
+the stored sketches and the kept eval index (in the process or the database) equals one
+built from scratch (every item and member row read, no sketch stored, no index kept), byte
+for byte in the manifest, in its stats and in the member rows it writes, whatever changed
+since the last version, and version after version."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import replace
 from typing import Any
 
@@ -15,8 +15,16 @@ import pytest
 from sqlalchemy import delete, func, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
+from flywheel.datasets import kept_index, overlap
+from flywheel.datasets.items import Item
 from flywheel.datasets.membership import stored_manifest, version_members
-from flywheel.datasets.models import SKETCHER, DatasetVersion, ItemSketch
+from flywheel.datasets.models import (
+    SKETCHER,
+    DatasetMember,
+    DatasetVersion,
+    EvalIndexPart,
+    ItemSketch,
+)
 from flywheel.datasets.overlap import forget_indexes
 from flywheel.datasets.service import Built, DatasetRecipe, build_dataset_version
 from flywheel.models import Domain, SftExample
@@ -180,13 +188,21 @@ def test_an_incremental_build_equals_one_from_scratch(
     assert kept < sketched  # and this one kept those sketches and sketched the new items
 
 
+@pytest.mark.parametrize("fresh", [False, True], ids=["same process", "fresh process"])
 @pytest.mark.parametrize("min_eval_items", [0, 40])
 def test_a_chain_of_incremental_builds_equals_builds_from_scratch_at_every_version(
-    sessions: sessionmaker[Session], acme: Caller, min_eval_items: int
+    sessions: sessionmaker[Session],
+    acme: Caller,
+    min_eval_items: int,
+    fresh: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Each version is built on the rows the incremental builds before it wrote: retracted
     items come back, reweighted ones change again, eval grows and quotes train; with a
-    minimum eval size the eval set is short of, new groups fill eval first."""
+    minimum eval size the eval set is short of, new groups fill eval first. In a fresh
+    process each build's eval index comes from the kept parts, which grow, are replaced when
+    an eval item was retracted, and are kept as one when they are many (here, three)."""
+    monkeypatch.setattr(kept_index, "MAX_PARTS", 3)
     groups = base(sessions, acme)
     with sessions() as session:
         domain = session.get_one(Domain, domain_of_session(session, acme))
@@ -198,6 +214,8 @@ def test_a_chain_of_incremental_builds_equals_builds_from_scratch_at_every_versi
         with sessions() as session:
             scratch = build(session, acme, from_scratch=True)
             session.rollback()
+        if fresh:
+            forget_indexes()
         with sessions() as session:
             incremental = build(session, acme)
             assert outcome(incremental) == outcome(scratch), change.__name__
@@ -206,6 +224,43 @@ def test_a_chain_of_incremental_builds_equals_builds_from_scratch_at_every_versi
             assert stored_manifest(session, version) == version.manifest_sha256
             session.commit()
         assert shows(change.__name__, incremental.stats, incremental.rows), change.__name__
+
+
+def test_a_build_in_a_fresh_process_extends_the_kept_eval_index(
+    sessions: sessionmaker[Session], acme: Caller, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The eval index the last build kept in the database serves a build in another process
+    (here, this one once it forgot its own): that build reads the sketches of the new eval
+    item and of the train candidates, not those of every eval item, keeps a part for the new
+    item, and builds the version a build from scratch builds."""
+    groups = base(sessions, acme)
+    with sessions() as session:
+        held = select(DatasetMember.sft_example_id).where(DatasetMember.split == "eval")
+        evaluated = set(session.scalars(held))
+    store(sessions, acme, new_eval(sessions, groups))
+    read: list[uuid.UUID] = []
+
+    def sketches_of(session: Session, items: Iterable[Item], n: int) -> Any:
+        items = list(items)
+        read.extend(item.id for item in items)
+        return real_sketches_of(session, items, n)
+
+    real_sketches_of = overlap.sketches_of
+    monkeypatch.setattr(overlap, "sketches_of", sketches_of)
+    forget_indexes()
+    with sessions() as session:
+        incremental = build(session, acme)
+        parts = select(EvalIndexPart.item_count).order_by(EvalIndexPart.number)
+        assert session.scalars(parts).all() == [len(evaluated), 1]
+        session.rollback()
+    assert incremental.stats["new_eval"] == 1
+    assert read  # the train candidates' sketches,
+    assert evaluated
+    assert not evaluated & set(read)  # and none of the kept eval items'
+    with sessions() as session:
+        forget_indexes()
+        assert outcome(build(session, acme, from_scratch=True)) == outcome(incremental)
+        session.rollback()
 
 
 def outcome(built: Built) -> tuple[Any, ...]:

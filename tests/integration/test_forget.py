@@ -17,6 +17,7 @@ from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work
 from flywheel.models import (
     DatasetVersion,
+    EvalIndexPart,
     FeedbackEvent,
     ForgetRequest,
     LabeledCompletion,
@@ -31,6 +32,7 @@ from tests.conftest import Caller, run_cli
 from tests.integration.test_compile import OTHER, Feedback
 
 ALL_TRAIN = DatasetRecipe(eval_fraction=0.0, replay_fraction=0.0)
+MOSTLY_EVAL = DatasetRecipe(eval_fraction=0.95)
 SECRET_FIX = "The card fee is 2% and never more, says the corrector."
 
 
@@ -219,6 +221,36 @@ def test_forgetting_a_source_record_deletes_its_items(
     code, out, err = run_cli(capsys, "dataset", "export", str(version.id), "--out", "x")
     assert code != 0
     assert "tainted" in err
+
+
+def test_forgetting_deletes_the_tenants_kept_eval_indexes_only(
+    on_test_database: sessionmaker[Session],
+    setup: tuple[Feedback, Feedback],
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """A kept eval index holds hashes of its eval items' text (flywheel.datasets.kept_index):
+    forgetting anything of a tenant deletes that tenant's, and no other tenant's."""
+    sessions = on_test_database
+    ours, theirs = setup
+    for feedback in (ours, theirs):
+        with unit_of_work(sessions) as session:
+            build_dataset_version(
+                session=session,
+                tenant_id=feedback.tenant_id,
+                domain_id=feedback.domain_id,
+                recipe=MOSTLY_EVAL,
+            )
+
+    def kept() -> set[uuid.UUID]:
+        with sessions() as session:
+            return set(session.scalars(select(EvalIndexPart.domain_id)))
+
+    assert kept() == {ours.domain_id, theirs.domain_id}
+
+    code, _, _ = run_cli(capsys, "forget", "--source-record", "zendesk:4711", "--tenant", "acme")
+
+    assert code == 0
+    assert kept() == {theirs.domain_id}
 
 
 @pytest.mark.parametrize(

@@ -9,6 +9,7 @@ import pytest
 
 from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
 from flywheel.datasets.sketches import sketch_texts
+from flywheel.errors import InvalidInput
 
 CONFIGS = [
     DecontaminationConfig(),
@@ -64,3 +65,31 @@ def test_an_extended_index_equals_one_built_at_once(seed: int) -> None:
     checked = [(i, *sketch) for i, sketch in enumerate(sketch_texts(train, 13))]
     assert list(grown.contaminated_sketches(checked)) == list(whole.contaminated_sketches(checked))
     assert (grown.gram_count, grown.signature_count) == (whole.gram_count, whole.signature_count)
+
+
+@pytest.mark.parametrize("seed", [1, 2])
+def test_kept_parts_read_back_and_merged_equal_an_index_built_at_once(seed: int) -> None:
+    """What a domain keeps between processes (flywheel.datasets.kept_index): each part's
+    index as bytes, read back and merged, answers as the index of all the items does."""
+    evaluation, train = corpus(seed)
+    config = DecontaminationConfig()
+    sketches = sketch_texts(evaluation, 13)
+    whole = EvalIndex.from_sketches(sketches, config)
+    parts = [sketches[:10], sketches[10:30], sketches[30:]]
+    read_back = [
+        EvalIndex.of_hashes(*EvalIndex.from_sketches(part, config).hashes(), len(part), config)
+        for part in parts
+    ]
+    merged = read_back[0].merged(read_back[1:])
+    checked = [(i, *sketch) for i, sketch in enumerate(sketch_texts(train, 13))]
+    assert list(merged.contaminated_sketches(checked)) == list(whole.contaminated_sketches(checked))
+    assert merged.hashes() == whole.hashes()
+    assert merged.eval_items == whole.eval_items
+
+
+def test_only_indexes_of_the_same_settings_merge() -> None:
+    sketches = sketch_texts(["one two three four five six"], 13)
+    ours = EvalIndex.from_sketches(sketches, DecontaminationConfig())
+    other = EvalIndex.from_sketches(sketches, DecontaminationConfig(ngram_words=5))
+    with pytest.raises(InvalidInput, match="same settings"):
+        ours.merged([other])
