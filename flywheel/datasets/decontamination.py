@@ -380,16 +380,27 @@ class EvalIndex:
 
     @classmethod
     def of_hashes(
-        cls, grams: bytes, signatures: bytes, eval_items: int, config: DecontaminationConfig
+        cls, parts: Sequence[tuple[bytes, bytes, int]], config: DecontaminationConfig
     ) -> EvalIndex:
-        """The index `hashes` gave these bytes of (of `eval_items` items)."""
+        """The index of the eval items of these parts, each the bytes `hashes` gave for an
+        index of its items (disjoint) and their count: the one index of them all."""
+        grams = [np.frombuffer(part[0], dtype="<u8").astype(np.uint64) for part in parts]
+        signatures = [part[1] for part in parts]
+        if len(parts) == 1:  # distinct and sorted already
+            matrix = np.frombuffer(signatures[0], dtype="<u4").astype(np.uint32)
+            signature_matrix = matrix.reshape(-1, NUM_PERM)
+        else:
+            rows = SIGNATURE_BYTES
+            signature_matrix = _distinct_signatures(
+                [blob[i : i + rows] for blob in signatures for i in range(0, len(blob), rows)]
+            )
+        # each part's grams are sorted: a stable sort (timsort) merges the runs
+        merged = np.sort(np.concatenate(grams), kind="stable")
         return cls(
             config,
-            grams=np.frombuffer(grams, dtype="<u8").astype(np.uint64),
-            signatures=np.frombuffer(signatures, dtype="<u4")
-            .astype(np.uint32)
-            .reshape(-1, NUM_PERM),
-            eval_items=eval_items,
+            grams=merged[run_starts(merged)],
+            signatures=signature_matrix,
+            eval_items=sum(part[2] for part in parts),
         )
 
     @property

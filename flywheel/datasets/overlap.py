@@ -23,7 +23,7 @@ from sqlalchemy.orm import Session
 from flywheel.bulk import chunked
 from flywheel.datasets.decontamination import DecontaminationConfig, EvalIndex
 from flywheel.datasets.items import KINDS, Item
-from flywheel.datasets.kept_index import Kept, rules_of
+from flywheel.datasets.kept_index import Kept, item_key, rules_of
 from flywheel.datasets.models import SKETCHER, DatasetMember, DatasetVersion, ItemSketch
 from flywheel.datasets.sketches import sketches_of
 from flywheel.errors import InvalidState
@@ -160,7 +160,7 @@ def eval_index(
     if config.max_eval_items_per_gram is not None or not items:
         index = index or _from_sketches(session, evaluation, config, n)
     else:
-        index = _with_parts(session, domain_id, evaluation, items, key, config, n, index, read_kept)
+        index = _with_parts(session, domain_id, evaluation, key, config, n, index, read_kept)
     with _lock:
         _kept[key] = _Kept(items, index)
         while len(_kept) > KEPT_INDEXES:
@@ -200,7 +200,6 @@ def _with_parts(
     session: Session,
     domain_id: uuid.UUID,
     evaluation: list[Item],
-    items: frozenset[tuple[str, uuid.UUID]],
     key: str,
     config: DecontaminationConfig,
     n: int,
@@ -216,14 +215,15 @@ def _with_parts(
         if index is None:
             index = kept.index(session, config) if read_kept else None
         return index or _from_sketches(session, evaluation, config, n)
+    keys = frozenset(item_key(item.kind, item.id) for item in evaluation)
     covered = kept.items(session) if kept.is_usable else None
-    if covered is None or not covered <= items or kept.is_full or not read_kept:
+    if covered is None or not covered <= keys or kept.is_full or not read_kept:
         index = index or _from_sketches(session, evaluation, config, n)
-        kept.replace(session, key, items, index)
+        kept.replace(session, key, keys, index)
         return index
-    added = [item for item in evaluation if (item.kind, item.id) not in covered]
+    added = [item for item in evaluation if item_key(item.kind, item.id) not in covered]
     part = _from_sketches(session, added, config, n)
-    kept.add(session, key, items - covered, part)
+    kept.add(session, key, keys - covered, part)
     return index or kept.index(session, config)
 
 
