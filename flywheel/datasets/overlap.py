@@ -103,12 +103,14 @@ def decontaminate(
     recipe: DatasetRecipe,
     *,
     read_kept: bool = True,
+    sketches: dict[uuid.UUID, tuple[bytes, bytes]] | None = None,
 ) -> tuple[list[Item], Counter[str]]:
     """Drop train items that overlap the eval set; the reasons, counted. First the exact
     prompt key (the same question, whatever the answer: catches the short prompts n-grams
     cannot), then n-gram overlap and near-duplicates, both sides by their stored sketches
     (signed from the same one-field text; stored dedup signatures differ per table). The
-    eval index is the domain's kept one where it can be (`eval_index`)."""
+    eval index is the domain's kept one where it can be (`eval_index`); `sketches` holds
+    train items' sketches read already (`DomainRows.sketches`)."""
     if any(item.prompt_key is None for item in [*train, *evaluation]):
         raise InvalidState("an item has no sketch: ensure_sketches makes them")
     eval_keys = {item.prompt_key for item in evaluation}
@@ -119,10 +121,10 @@ def decontaminate(
         ngram_words=recipe.ngram, near_duplicate_threshold=recipe.near_duplicate_threshold
     )
     index = eval_index(session, domain_id, evaluation, config, recipe.ngram, read_kept=read_kept)
-    sketches = sketches_of(session, train, recipe.ngram)
+    train_sketches = sketches_of(session, train, recipe.ngram, known=sketches)
     dropped = dict(
         index.contaminated_sketches(
-            (position, *sketches[item.id]) for position, item in enumerate(train)
+            (position, *train_sketches[item.id]) for position, item in enumerate(train)
         )
     )
     kept = [item for position, item in enumerate(train) if position not in dropped]

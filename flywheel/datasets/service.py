@@ -218,7 +218,13 @@ def _build(
     train, stats["source_weighted_out"] = _source_weighted(train, recipe.source_weights)
     undrawn, _ = _source_weighted(undrawn, recipe.source_weights)
     train, contaminated = decontaminate(
-        session, domain_id, train, [*evaluation, *their_eval], recipe, read_kept=not from_scratch
+        session,
+        domain_id,
+        train,
+        [*evaluation, *their_eval],
+        recipe,
+        read_kept=not from_scratch,
+        sketches=rows.sketches,
     )
     if parent is not None and is_same and not _has_new(evaluation, train, history):
         # what was new was left out again (withheld, weighted out, contaminated): no new version

@@ -75,14 +75,23 @@ def sketch_texts(texts: Sequence[str], n: int) -> list[tuple[bytes, bytes]]:
 
 
 def sketches_of(
-    session: Session, items: Iterable[Item], n: int
+    session: Session,
+    items: Iterable[Item],
+    n: int,
+    known: dict[uuid.UUID, tuple[bytes, bytes]] | None = None,
 ) -> dict[uuid.UUID, tuple[bytes, bytes]]:
-    """The stored (grams, signature) of these items for n-grams of `n` words, by item id;
-    InvalidState if one has none (`ensure_sketches` makes them)."""
+    """The stored (grams, signature) of these items for n-grams of `n` words, by item id
+    (those in `known`, read already, taken from there); InvalidState if one has none
+    (`ensure_sketches` makes them)."""
+    known = known or {}
     wanted: dict[str, list[uuid.UUID]] = {}
-    for item in items:
-        wanted.setdefault(item.kind, []).append(item.id)
     found: dict[uuid.UUID, tuple[bytes, bytes]] = {}
+    for item in items:
+        if item.id in known:
+            found[item.id] = known[item.id]
+        else:
+            wanted.setdefault(item.kind, []).append(item.id)
+    taken = len(found)
     is_postgres = session.get_bind().dialect.name == "postgresql"
     for kind in KINDS:
         ids = wanted.get(kind.name, [])
@@ -97,7 +106,7 @@ def sketches_of(
                 )
             )
             found.update((item_id, (grams, signature)) for item_id, grams, signature in rows)
-    missing = sum(map(len, wanted.values())) - len(found)
+    missing = sum(map(len, wanted.values())) - (len(found) - taken)
     if missing:
         raise InvalidState(f"{missing} items have no sketch: ensure_sketches makes them")
     return found

@@ -17,6 +17,7 @@ from flywheel.datasets.service import DatasetRecipe, build_dataset_version
 from flywheel.db import unit_of_work
 from flywheel.models import (
     DatasetVersion,
+    Domain,
     EvalIndexPart,
     FeedbackEvent,
     ForgetRequest,
@@ -32,7 +33,6 @@ from tests.conftest import Caller, run_cli
 from tests.integration.test_compile import OTHER, Feedback
 
 ALL_TRAIN = DatasetRecipe(eval_fraction=0.0, replay_fraction=0.0)
-MOSTLY_EVAL = DatasetRecipe(eval_fraction=0.95)
 SECRET_FIX = "The card fee is 2% and never more, says the corrector."
 
 
@@ -234,11 +234,13 @@ def test_forgetting_deletes_the_tenants_kept_eval_indexes_only(
     ours, theirs = setup
     for feedback in (ours, theirs):
         with unit_of_work(sessions) as session:
+            domain = session.get_one(Domain, feedback.domain_id)
+            domain.config = {"dataset": {"min_eval_items": 100}}  # every group fills eval
             build_dataset_version(
                 session=session,
                 tenant_id=feedback.tenant_id,
                 domain_id=feedback.domain_id,
-                recipe=MOSTLY_EVAL,
+                recipe=DatasetRecipe(),
             )
 
     def kept() -> set[uuid.UUID]:
