@@ -25,7 +25,7 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, insert, select
 from sqlalchemy.orm import Session
 
 from flywheel.datasets.items import KINDS
@@ -57,7 +57,6 @@ class _Part:
     id: uuid.UUID
     covers: str
     rules: str
-    item_count: int
 
 
 @dataclass
@@ -72,12 +71,7 @@ class Kept:
     def read(cls, session: Session, domain_id: uuid.UUID, rules: str) -> Kept:
         """The domain's parts, for a build by these rules."""
         rows = session.execute(
-            select(
-                EvalIndexPart.id,
-                EvalIndexPart.covers,
-                EvalIndexPart.rules,
-                EvalIndexPart.item_count,
-            )
+            select(EvalIndexPart.id, EvalIndexPart.covers, EvalIndexPart.rules)
             .where(EvalIndexPart.domain_id == domain_id)
             .order_by(EvalIndexPart.number)
         )
@@ -149,21 +143,22 @@ class Kept:
         index: EvalIndex,
     ) -> None:
         grams, signatures = index.hashes()
-        part = EvalIndexPart(
-            id=uuid.uuid4(),
-            created_at=utcnow(),
-            domain_id=self.domain_id,
-            rules=self.rules,
-            number=number,
-            covers=key,
-            item_count=len(items),
-            items=b"".join(sorted(items)),
-            grams=grams,
-            signatures=signatures,
+        part_id = uuid.uuid4()
+        session.execute(  # Core: the session need not hold the bytes as an object
+            insert(EvalIndexPart).values(
+                id=part_id,
+                created_at=utcnow(),
+                domain_id=self.domain_id,
+                rules=self.rules,
+                number=number,
+                covers=key,
+                item_count=len(items),
+                items=b"".join(sorted(items)),
+                grams=grams,
+                signatures=signatures,
+            )
         )
-        session.add(part)
-        session.flush()
-        self.parts.append(_Part(part.id, key, self.rules, len(items)))
+        self.parts.append(_Part(part_id, key, self.rules))
 
 
 def purge(session: Session, tenant_id: uuid.UUID) -> None:
