@@ -361,13 +361,12 @@ class EvalIndex:
             raise InvalidInput("an index that drops frequent grams cannot be extended")
         if any(other.config != self.config for other in others):
             raise InvalidInput("only indexes made with the same settings can be merged")
-        grams = distinct(np.concatenate([self._grams.values, *(o._grams.values for o in others)]))
-        rows = [row.tobytes() for index in (self, *others) for row in index._signatures]
-        return EvalIndex(
+        indexes = (self, *others)
+        return EvalIndex._union(
             self.config,
-            grams=grams,
-            signatures=_distinct_signatures(rows),
-            eval_items=self.eval_items + sum(other.eval_items for other in others),
+            [index._grams.values for index in indexes],
+            [row.tobytes() for index in indexes for row in index._signatures],
+            sum(index.eval_items for index in indexes),
         )
 
     def hashes(self) -> tuple[bytes, bytes]:
@@ -385,22 +384,35 @@ class EvalIndex:
         """The index of the eval items of these parts, each the bytes `hashes` gave for an
         index of its items (disjoint) and their count: the one index of them all."""
         grams = [np.frombuffer(part[0], dtype="<u8").astype(np.uint64) for part in parts]
-        signatures = [part[1] for part in parts]
+        eval_items = sum(part[2] for part in parts)
         if len(parts) == 1:  # distinct and sorted already
-            matrix = np.frombuffer(signatures[0], dtype="<u4").astype(np.uint32)
-            signature_matrix = matrix.reshape(-1, NUM_PERM)
-        else:
-            rows = SIGNATURE_BYTES
-            signature_matrix = _distinct_signatures(
-                [blob[i : i + rows] for blob in signatures for i in range(0, len(blob), rows)]
+            signatures = np.frombuffer(parts[0][1], dtype="<u4").astype(np.uint32)
+            return cls(
+                config,
+                grams=grams[0],
+                signatures=signatures.reshape(-1, NUM_PERM),
+                eval_items=eval_items,
             )
-        # each part's grams are sorted: a stable sort (timsort) merges the runs
+        size = SIGNATURE_BYTES
+        rows = [part[1][i : i + size] for part in parts for i in range(0, len(part[1]), size)]
+        return cls._union(config, grams, rows, eval_items)
+
+    @classmethod
+    def _union(
+        cls,
+        config: DecontaminationConfig,
+        grams: Sequence[Uint64s],
+        signatures: list[bytes],
+        eval_items: int,
+    ) -> EvalIndex:
+        """The index of several indexes' sorted distinct grams and signature rows: a stable
+        sort (timsort) merges the sorted runs of grams."""
         merged = np.sort(np.concatenate(grams), kind="stable")
         return cls(
             config,
             grams=merged[run_starts(merged)],
-            signatures=signature_matrix,
-            eval_items=sum(part[2] for part in parts),
+            signatures=_distinct_signatures(signatures),
+            eval_items=eval_items,
         )
 
     @property
