@@ -320,16 +320,25 @@ class DomainRows:
         return items, cls(history, open_rows, untouched, sketches)
 
 
-def _changing_rows(
+def changing_queries(
+    session: Session, domain_id: uuid.UUID, number: int, fraction: float, n: int
+) -> list[Select[Any]]:
+    """Every query an incremental build of version `number` reads its items and rows with
+    (`DomainRows.load_changing`, less two small ones: the count of open rows, the history of
+    returning items): its floor, timed by `python -m bench.dataset_build`."""
+    queries: list[Select[Any]] = []
+    for kind in KINDS:
+        queries += _changing_queries(session, kind, domain_id, number, fraction, n)
+        queries.append(_without_open_row_query(kind, domain_id, n))
+    return queries
+
+
+def _changing_queries(
     session: Session, kind: ItemKind, domain_id: uuid.UUID, number: int, fraction: float, n: int
-) -> Iterator[tuple[Item, bool, OpenRow, Sketch | None]]:
-    """The domain's open rows of `kind` items that version `number` may not keep as they are
-    (eval, drawn, or of an item no longer eligible): each row's item, whether it is eligible,
-    the row, and for a train row the item's stored sketch by the current rules (None without
-    one), which the query joins anyway (a second lookup by id took 3.9 s for the 227k drawn
-    rows of 1M items). On PostgreSQL the draw is made in the query (held rows, then the few
-    rows whose item left: each query filters rows before it joins what the other needs),
-    elsewhere here over every open row."""
+) -> list[Select[Any]]:
+    """`_changing_rows`' queries: on PostgreSQL the draw is made in the query (held rows, then
+    the few rows whose item left: each query filters rows before it joins what the other
+    needs), elsewhere one over every open row."""
     column = getattr(DatasetMember, kind.member_column)
     is_train = DatasetMember.split == "train"
     query = (
@@ -346,19 +355,29 @@ def _changing_rows(
         .join(DatasetMember, column == kind.model.id)
     )
     query = _of_domain(query, domain_id, open_only=True)
+    if session.get_bind().dialect.name != "postgresql":
+        return [query]
+    sha256 = func.coalesce(DatasetMember.content_sha256, kind.model.content_sha256)
+    drawn = sql_draw(str(number), sha256, fraction)
+    return [
+        query.where(or_(DatasetMember.split == "eval", drawn)),
+        query.where(~is_eligible(kind.model)),
+    ]
+
+
+def _changing_rows(
+    session: Session, kind: ItemKind, domain_id: uuid.UUID, number: int, fraction: float, n: int
+) -> Iterator[tuple[Item, bool, OpenRow, Sketch | None]]:
+    """The domain's open rows of `kind` items that version `number` may not keep as they are
+    (eval, drawn, or of an item no longer eligible): each row's item, whether it is eligible,
+    the row, and for a train row the item's stored sketch by the current rules (None without
+    one), which the query joins anyway (a second lookup by id took 3.9 s for the 227k drawn
+    rows of 1M items). The draw is made in SQL on PostgreSQL, elsewhere here."""
     is_postgres = session.get_bind().dialect.name == "postgresql"
-    if is_postgres:
-        sha256 = func.coalesce(DatasetMember.content_sha256, kind.model.content_sha256)
-        drawn = sql_draw(str(number), sha256, fraction)
-        queries = [
-            query.where(or_(DatasetMember.split == "eval", drawn)),
-            query.where(~is_eligible(kind.model)),
-        ]
-    else:
-        queries = [query]
+    queries = _changing_queries(session, kind, domain_id, number, fraction, n)
     read: set[uuid.UUID] = set()
-    for rows in map(session.connection().execute, queries):
-        for row in rows:
+    for query in queries:
+        for row in session.connection().execute(query):
             *_, is_eligible_now, row_id, split, weight, ease, grams, signature = row
             if row_id in read:
                 continue  # an eval or drawn row of an item that left: read by both queries
@@ -375,13 +394,17 @@ def _without_open_row(
     session: Session, kind: ItemKind, domain_id: uuid.UUID, ngram: int
 ) -> list[Item]:
     """The domain's eligible `kind` items that no open row of the domain holds."""
+    query = _without_open_row_query(kind, domain_id, ngram)
+    return [item_of(kind, row) for row in session.connection().execute(query)]
+
+
+def _without_open_row_query(kind: ItemKind, domain_id: uuid.UUID, ngram: int) -> Select[Any]:
     column = getattr(DatasetMember, kind.member_column)
     open_rows = select(DatasetMember.id).where(column == kind.model.id)
     has_open_row = _of_domain(open_rows, domain_id, open_only=True).exists()
-    query = item_query(kind, ngram).where(
+    return item_query(kind, ngram).where(
         kind.model.domain_id == domain_id, is_eligible(kind.model), ~has_open_row
     )
-    return [item_of(kind, row) for row in session.connection().execute(query)]
 
 
 def _rows_of(
