@@ -463,10 +463,12 @@ class EvalIndex:
             keys, grams, signatures = zip(*batch, strict=True)
             overlaps = np.zeros(len(keys), dtype=bool)
             if self.config.ngram_words is not None and self._grams.values.size:
-                arrays = [np.frombuffer(blob, dtype="<u8").astype(np.uint64) for blob in grams]
-                owners = np.repeat(np.arange(len(arrays)), [array.size for array in arrays])
-                found = self._grams.positions(np.concatenate(arrays)) >= 0
-                overlaps[owners[found]] = True
+                # One array of the batch's grams (per item, two numpy calls cost more than
+                # the lookups: 0.4 s of 233k drawn rows at 1M items)
+                hashes = np.frombuffer(b"".join(grams), dtype="<u8").astype(np.uint64)
+                sizes = [len(blob) // 8 for blob in grams]
+                owners = np.repeat(np.arange(len(sizes)), sizes)
+                overlaps[owners[self._grams.positions(hashes) >= 0]] = True
             near = self._near_duplicates([""] * len(keys), signatures, skip=overlaps)
             for index in np.flatnonzero(overlaps | near).tolist():
                 yield keys[index], NGRAM_OVERLAP if overlaps[index] else NEAR_DUPLICATE

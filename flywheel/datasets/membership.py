@@ -260,6 +260,10 @@ class DomainRows:
     sketches: dict[uuid.UUID, Sketch] = field(default_factory=dict)
     """Stored sketches read with the rows (`load_changing`: those of the train rows the
     version draws), so that decontamination does not look them up again."""
+    drawn: set[uuid.UUID] = field(default_factory=set)
+    """The items of open train rows the version's replay draw picked as the rows were read
+    (`load_changing`: every eligible train row it reads), which the build need not draw again
+    (224k sha256 draws at 1M items)."""
 
     @classmethod
     def load(cls, session: Session, domain_id: uuid.UUID) -> DomainRows:
@@ -301,6 +305,7 @@ class DomainRows:
         history = History(set(), set())
         open_rows: dict[uuid.UUID, OpenRow] = {}
         sketches: dict[uuid.UUID, Sketch] = {}
+        drawn: set[uuid.UUID] = set()
         items: list[Item] = []
         for kind in KINDS:
             for item, is_eligible_now, open_row, sketch in _changing_rows(
@@ -310,6 +315,8 @@ class DomainRows:
                 history.add(kind.name, item.id, open_row[1])
                 if is_eligible_now:
                     items.append(item)
+                    if open_row[1] == "train":
+                        drawn.add(item.id)
                 if sketch is not None:
                     sketches[item.id] = sketch
             loose = _without_open_row(session, kind, domain_id, ngram)
@@ -317,7 +324,7 @@ class DomainRows:
                 history.add(kind.name, item_id, split)
             items += loose
         untouched = _open_count(session, domain_id) - len(open_rows)
-        return items, cls(history, open_rows, untouched, sketches)
+        return items, cls(history, open_rows, untouched, sketches, drawn)
 
 
 def changing_queries(

@@ -56,6 +56,7 @@ import gc
 import uuid
 from collections import Counter
 from collections.abc import Iterable, Iterator
+from collections.abc import Set as AbstractSet
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, cast
 
@@ -207,7 +208,7 @@ def _build(
     mixed, their_eval = _mixed_items(session, tenant_id, domain_id, recipe)
     splits = _assign(session, domain_id, recipe, eligible, min_eval_items)
     evaluation, train, undrawn, stats = _choose(
-        [*eligible, *mixed], splits, history, recipe, number
+        [*eligible, *mixed], splits, history, recipe, number, drawn=rows.drawn
     )
     is_same = parent is not None and _is_same_recipe(parent, recipe)
     if parent is not None and is_same and not stats["new"] and not stats["new_eval"]:
@@ -467,9 +468,16 @@ def _assign(
 
 
 def _choose(
-    eligible: list[Item], splits: _Splits, history: History, recipe: DatasetRecipe, number: int
+    eligible: list[Item],
+    splits: _Splits,
+    history: History,
+    recipe: DatasetRecipe,
+    number: int,
+    *,
+    drawn: AbstractSet[uuid.UUID] = frozenset(),
 ) -> tuple[list[Item], list[Item], list[Item], dict[str, Any]]:
-    """Eval, train (new and replayed) and the replay candidates this version did not draw."""
+    """Eval, train (new and replayed) and the replay candidates this version did not draw
+    (`drawn`: items its draw is known to pick, as `DomainRows.drawn`)."""
     evaluation: list[Item] = []
     train: list[Item] = []
     undrawn: list[Item] = []
@@ -486,7 +494,8 @@ def _choose(
         elif key not in history.seen:
             train.append(item)
             counts["new"] += 1
-        elif _drawn(str(number), item, recipe.replay_fraction):  # replay: afresh each version
+        elif item.id in drawn or _drawn(str(number), item, recipe.replay_fraction):
+            # replay: drawn afresh each version
             train.append(item)
             counts["replayed"] += 1
         else:
