@@ -21,6 +21,7 @@ from sqlalchemy import cast as cast_
 from sqlalchemy.orm import Session
 
 from flywheel.datasets.models import SKETCHER, ItemSketch
+from flywheel.db import streamed
 from flywheel.signals.content import prompt_key, task_prompt_key
 from flywheel.signals.models import LabeledCompletion, PreferencePair, SftExample, VerifiableTask
 
@@ -58,8 +59,9 @@ class Item:
 
 
 def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> Iterator[Item]:
-    """Plain rows (no ORM objects: a build reads every item of the domain), in chunks, with
-    the prompt-key hash of their sketch by the current rules for n-grams of `ngram_words`
+    """Plain rows (no ORM objects: a build reads every item of the domain), streamed (no
+    other statement may run on the session until the last one is read), with the prompt-key
+    hash of their sketch by the current rules for n-grams of `ngram_words`
     words (None without one). What versions held comes separately (`History`): joined in
     here, the planner looped over every version's rows per item while its statistics lagged
     a new version (9 to 105 s instead of 1.6 s at 280k items)."""
@@ -67,10 +69,7 @@ def eligible_items(session: Session, domain_id: uuid.UUID, ngram_words: int) -> 
         query = item_query(kind, ngram_words).where(
             kind.model.domain_id == domain_id, is_eligible(kind.model)
         )
-        rows = session.connection().execute(
-            query.execution_options(stream_results=True, yield_per=5_000)
-        )
-        for row in rows:
+        for row in streamed(session, query):
             yield item_of(kind, row)
 
 

@@ -52,7 +52,7 @@ from flywheel.datasets.items import (
 )
 from flywheel.datasets.manifest import ease_of, hash_lines, manifest_line
 from flywheel.datasets.models import DatasetMember, DatasetVersion, ItemSketch
-from flywheel.db import psycopg_connection
+from flywheel.db import psycopg_connection, streamed
 from flywheel.signals.content import prompt_key, task_prompt_key
 from flywheel.signals.models import VerifiableTask
 
@@ -279,12 +279,9 @@ class DomainRows:
                 DatasetMember.weight,
                 DatasetMember.ease,
             ).where(column.is_not(None))
-            rows = session.connection().execute(
-                _of_domain(query, domain_id).execution_options(
-                    stream_results=True, yield_per=20_000
-                )
-            )
-            for item_id, split, until, row_id, weight, ease in rows:
+            for item_id, split, until, row_id, weight, ease in streamed(
+                session, _of_domain(query, domain_id)
+            ):
                 history.add(kind.name, item_id, split)
                 if until is None:
                     open_rows[item_id] = (row_id, split, weight, ease)
@@ -384,7 +381,7 @@ def _changing_rows(
     queries = _changing_queries(session, kind, domain_id, number, fraction, n)
     read: set[uuid.UUID] = set()
     for query in queries:
-        for row in _streamed(session, query):
+        for row in streamed(session, query):
             *_, is_eligible_now, row_id, split, weight, ease, grams, signature = row
             if row_id in read:
                 continue  # an eval or drawn row of an item that left: read by both queries
@@ -395,27 +392,6 @@ def _changing_rows(
             read.add(row_id)
             sketch = None if grams is None else (bytes(grams), bytes(signature))
             yield item, is_eligible_now, (row_id, split, weight, ease), sketch
-
-
-def _streamed(session: Session, query: Select[Any]) -> Iterator[Any]:
-    """The query's rows as they arrive: on PostgreSQL from the driver's cursor in chunks of
-    `CHUNK_ROWS` (libpq 17's chunked mode; row by row before it), values sent in binary, so
-    that the server makes the next rows while these are read (a server-side cursor plans
-    without parallel workers, and a whole result waits for its last row); elsewhere
-    SQLAlchemy's rows. The connection is busy until the last row is read: no other query may
-    run meanwhile. For the drawn rows of 1M items (325k rows, 170 MB of sketches) the read
-    took 5.4-6.0 s instead of 6.7-7.3 s, with 1.4-1.6 s of CPU instead of 2.2-2.5 s."""
-    if session.get_bind().dialect.name != "postgresql":
-        yield from session.connection().execute(query)
-        return
-    compiled = query.compile(
-        dialect=session.get_bind().dialect, compile_kwargs={"render_postcompile": True}
-    )
-    import psycopg  # here: only PostgreSQL's path needs the driver
-
-    size = CHUNK_ROWS if psycopg.capabilities.has_stream_chunked() else 1  # libpq 17
-    cursor = psycopg_connection(session).cursor(binary=True)
-    yield from cursor.stream(str(compiled), compiled.params, size=size)
 
 
 def _without_open_row(
