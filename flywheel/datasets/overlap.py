@@ -14,6 +14,7 @@ import hashlib
 import threading
 import uuid
 from collections import Counter, OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Final
 
@@ -35,6 +36,8 @@ PROMPT_KEY: Final = "prompt_key"
 """Exclusion reason: a train item asks an eval item's question (the same prompt key)."""
 PROMPT_TRAINED: Final = "prompt_trained"
 """Withheld from eval: a new eval item asks what an earlier version trained on."""
+Indexer = Callable[[list[Item]], EvalIndex]
+"""Makes the index of some eval items from their sketches."""
 KEPT_INDEXES = 2
 """Eval indexes kept in the process (about 160 MB each for 100k eval items of 80 words)."""
 
@@ -120,7 +123,9 @@ def decontaminate(
     config = DecontaminationConfig(
         ngram_words=recipe.ngram, near_duplicate_threshold=recipe.near_duplicate_threshold
     )
-    index = eval_index(session, domain_id, evaluation, config, recipe.ngram, read_kept=read_kept)
+    index = eval_index(
+        session, domain_id, evaluation, config, recipe.ngram, read_kept=read_kept, known=sketches
+    )
     train_sketches = sketches_of(session, train, recipe.ngram, known=sketches)
     dropped = dict(
         index.contaminated_sketches(
@@ -149,20 +154,27 @@ def eval_index(
     n: int,
     *,
     read_kept: bool = True,
+    known: dict[uuid.UUID, tuple[bytes, bytes]] | None = None,
 ) -> EvalIndex:
     """The index of these eval items (the domain's eval set), the same index however it is
     made: the one this process kept for the same items, or for a subset extended by the
     rest; else the domain's kept parts (`flywheel.datasets.kept_index`), extended likewise
     (`read_kept`: False makes it from the sketches instead); else made from every item's
-    sketch. The parts are then brought up to these items, and the process keeps the index
-    for its next build."""
+    sketch (those in `known` read already). The parts are then brought up to these items,
+    and the process keeps the index for its next build."""
     items = frozenset(item_key(item.kind, item.id) for item in evaluation)
     key = _index_key(items, config)
-    index = _in_process(session, evaluation, items, key, config, n)
+
+    def sketched(chosen: list[Item]) -> EvalIndex:
+        return _from_sketches(session, chosen, config=config, n=n, known=known)
+
+    index = _in_process(evaluation, items, key, config, sketched)
     if config.max_eval_items_per_gram is not None or not items:
-        index = index or _from_sketches(session, evaluation, config, n)
+        index = index or sketched(evaluation)
     else:
-        index = _with_parts(session, domain_id, evaluation, items, key, config, n, index, read_kept)
+        index = _with_parts(
+            session, domain_id, evaluation, items, key, config, index, read_kept, sketched
+        )
     with _lock:
         _kept[key] = _Kept(items, index)
         while len(_kept) > KEPT_INDEXES:
@@ -171,12 +183,11 @@ def eval_index(
 
 
 def _in_process(
-    session: Session,
     evaluation: list[Item],
     items: frozenset[bytes],
     key: str,
     config: DecontaminationConfig,
-    n: int,
+    sketched: Indexer,
 ) -> EvalIndex | None:
     """The index this process kept for these items, or for a subset, extended by the rest
     (only their sketches read); None if it kept neither."""
@@ -195,7 +206,7 @@ def _in_process(
     if base is None or config.max_eval_items_per_gram is not None:
         return None
     added = [item for item in evaluation if item_key(item.kind, item.id) not in base.items]
-    return base.index.extended(list(sketches_of(session, added, n).values()))
+    return base.index.merged([sketched(added)])
 
 
 def _with_parts(
@@ -205,9 +216,9 @@ def _with_parts(
     items: frozenset[bytes],
     key: str,
     config: DecontaminationConfig,
-    n: int,
     index: EvalIndex | None,
     read_kept: bool,
+    sketched: Indexer,
 ) -> EvalIndex:
     """The index (this process's, else from the domain's kept parts, else from sketches),
     with the parts brought up to these items: a part for the items they do not cover, or,
@@ -217,22 +228,29 @@ def _with_parts(
     if kept.covers(key):
         if index is None:
             index = kept.index(session, config) if read_kept else None
-        return index or _from_sketches(session, evaluation, config, n)
+        return index or sketched(evaluation)
     covered = kept.items(session) if kept.is_usable else None
     if covered is None or not covered <= items or kept.is_full or not read_kept:
-        index = index or _from_sketches(session, evaluation, config, n)
+        index = index or sketched(evaluation)
         kept.replace(session, key, items, index)
         return index
     added = [item for item in evaluation if item_key(item.kind, item.id) not in covered]
-    part = _from_sketches(session, added, config, n)
-    kept.add(session, key, items - covered, part)
+    kept.add(session, key, items - covered, sketched(added))
     return index or kept.index(session, config)
 
 
 def _from_sketches(
-    session: Session, evaluation: list[Item], config: DecontaminationConfig, n: int
+    session: Session,
+    evaluation: list[Item],
+    *,
+    config: DecontaminationConfig,
+    n: int,
+    known: dict[uuid.UUID, tuple[bytes, bytes]] | None,
 ) -> EvalIndex:
-    return EvalIndex.from_sketches(list(sketches_of(session, evaluation, n).values()), config)
+    """The index of these items made from their stored sketches (those in `known` read
+    already)."""
+    sketches = sketches_of(session, evaluation, n, known=known)
+    return EvalIndex.from_sketches(list(sketches.values()), config)
 
 
 def forget_indexes() -> None:

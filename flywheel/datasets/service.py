@@ -176,7 +176,7 @@ def _build(
     # Here: decontamination and sketches load numpy, which the version reads (`flywheel
     # dataset list`) skip.
     from flywheel.datasets.overlap import decontaminate, withhold_trained
-    from flywheel.datasets.sketches import ensure_sketches, sketched_items, with_sketches
+    from flywheel.datasets.sketches import ensure_sketches, read_with_sketches, with_sketches
 
     domain_lock(session, domain_id, "dataset-build")
     session.flush()  # the reads below run on the connection (Core rows: a third of the cost)
@@ -200,8 +200,9 @@ def _build(
             session, domain_id, number, recipe.replay_fraction, recipe.ngram
         )
         eligible = with_sketches(session, changing, recipe.ngram)
+        known = rows.sketches
     else:
-        eligible = sketched_items(session, domain_id, recipe.ngram)
+        eligible, known = read_with_sketches(session, domain_id, recipe.ngram)
         rows = DomainRows.load(session, domain_id)
     history = rows.history
     considered = len(eligible)
@@ -225,7 +226,7 @@ def _build(
         [*evaluation, *their_eval],
         recipe,
         read_kept=not from_scratch,
-        sketches=rows.sketches,
+        sketches=known,
     )
     if parent is not None and is_same and not _has_new(evaluation, train, history):
         # what was new was left out again (withheld, weighted out, contaminated): no new version

@@ -39,11 +39,14 @@ from flywheel.datasets.items import (
     Item,
     ItemKind,
     eligible_items,
+    is_eligible,
+    item_of,
+    item_query,
     text_and_key,
     text_columns,
 )
 from flywheel.datasets.models import SKETCHER, ItemSketch
-from flywheel.db import psycopg_connection, utcnow
+from flywheel.db import psycopg_connection, streamed, utcnow
 from flywheel.errors import InvalidState
 from flywheel.signals.dedup import minhash_signatures
 
@@ -146,6 +149,30 @@ def sketched_items(session: Session, domain_id: uuid.UUID, n: int) -> list[Item]
     """The domain's eligible items (`eligible_items`), each with its prompt key: those read
     without a sketch by the current rules are sketched now (`with_sketches`)."""
     return with_sketches(session, list(eligible_items(session, domain_id, n)), n)
+
+
+def read_with_sketches(
+    session: Session, domain_id: uuid.UUID, n: int
+) -> tuple[list[Item], dict[uuid.UUID, tuple[bytes, bytes]]]:
+    """`sketched_items`, and the stored (grams, signature) of the items read with them, by
+    item id (those sketched now are not among them: `sketches_of` reads those): for a build
+    that compares every item. One streamed join of items and sketches; looked up by id
+    afterwards, 900k train items' sketches took 20-24 s more at 1M items (11.8 s for items
+    and sketches together, against 27-30 s)."""
+    items: list[Item] = []
+    known: dict[uuid.UUID, tuple[bytes, bytes]] = {}
+    for kind in KINDS:
+        query = (
+            item_query(kind, n)
+            .add_columns(SKETCHES.c.grams, SKETCHES.c.signature)
+            .where(kind.model.domain_id == domain_id, is_eligible(kind.model))
+        )
+        for row in streamed(session, query):
+            item = item_of(kind, row)
+            items.append(item)
+            if item.prompt_key is not None:  # a sketch by the current rules
+                known[item.id] = (row[-2], row[-1])
+    return with_sketches(session, items, n), known
 
 
 def with_sketches(session: Session, items: list[Item], n: int) -> list[Item]:
