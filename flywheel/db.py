@@ -283,12 +283,18 @@ def streamed(session: Session, query: Select[Any]) -> Iterator[Any]:
         return
     import psycopg  # here: only PostgreSQL's path needs the driver
 
+    size = STREAMED_ROWS if psycopg.capabilities.has_stream_chunked() else 1
+    cursor = psycopg_connection(session).cursor(binary=True)
+    yield from cursor.stream(*driver_statement(session, query), size=size)
+
+
+def driver_statement(session: Session, query: Select[Any]) -> tuple[str, dict[str, Any]]:
+    """The query as the driver's SQL and parameters (for its own cursor: `IN` lists
+    rendered, which SQLAlchemy otherwise expands only when it executes)."""
     compiled = query.compile(
         dialect=session.get_bind().dialect, compile_kwargs={"render_postcompile": True}
     )
-    size = STREAMED_ROWS if psycopg.capabilities.has_stream_chunked() else 1
-    cursor = psycopg_connection(session).cursor(binary=True)
-    yield from cursor.stream(str(compiled), compiled.params, size=size)
+    return str(compiled), dict(compiled.params)
 
 
 # What a domain lock serialises: feedback compiles, near-duplicate passes, dataset builds.

@@ -39,9 +39,8 @@ from flywheel.datasets.items import (
     Item,
     ItemKind,
     eligible_items,
-    is_eligible,
+    eligible_query,
     item_of,
-    item_query,
     text_and_key,
     text_columns,
 )
@@ -162,10 +161,8 @@ def read_with_sketches(
     items: list[Item] = []
     known: dict[uuid.UUID, tuple[bytes, bytes]] = {}
     for kind in KINDS:
-        query = (
-            item_query(kind, n)
-            .add_columns(SKETCHES.c.grams, SKETCHES.c.signature)
-            .where(kind.model.domain_id == domain_id, is_eligible(kind.model))
+        query = eligible_query(kind, domain_id, n).add_columns(
+            SKETCHES.c.grams, SKETCHES.c.signature
         )
         for row in streamed(session, query):
             item = item_of(kind, row)
