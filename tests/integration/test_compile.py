@@ -429,11 +429,13 @@ def test_a_small_correction_weighs_more_than_a_rewrite(
 def test_a_pair_judged_both_ways_goes_to_the_heavier_side_and_is_counted(
     feedback: Feedback, sessions: sessionmaker[Session]
 ) -> None:
+    # all at one instant: evidence even microseconds newer weighs more (decay), which
+    # a slow machine turned into a 1e-9 win for c/d's later side
     for rater in ("u1", "u2"):
-        feedback.compare(["a", "b"], preferred=0, rater=rater)
-    feedback.compare(["a", "b"], preferred=1, rater="u3")
-    feedback.compare(["c", "d"], preferred=0, rater="u1", messages=OTHER)
-    feedback.compare(["c", "d"], preferred=1, rater="u2", messages=OTHER)
+        feedback.compare(["a", "b"], preferred=0, rater=rater, at=NOW)
+    feedback.compare(["a", "b"], preferred=1, rater="u3", at=NOW)
+    feedback.compare(["c", "d"], preferred=0, rater="u1", messages=OTHER, at=NOW)
+    feedback.compare(["c", "d"], preferred=1, rater="u2", messages=OTHER, at=NOW)
 
     report = feedback.compile()
 
