@@ -134,7 +134,7 @@ def test_the_readme_block_runs(block: Block, workspace: dict[str, str | Path]) -
         env=env,
         capture_output=True,
         text=True,
-        timeout=900,
+        timeout=1800,  # a hang guard, not a time goal: ~10 min here, 14 on a loaded CI machine
         check=False,
     )
 
