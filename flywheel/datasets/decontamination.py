@@ -349,11 +349,6 @@ class EvalIndex:
             eval_items=len(sketches),
         )
 
-    def extended(self, sketches: Sequence[tuple[bytes, bytes]]) -> EvalIndex:
-        """This index with more eval items, given as sketches: equal to indexing them all at
-        once (without a per-gram item limit, which needs every item's grams counted)."""
-        return self.merged([EvalIndex.from_sketches(sketches, self.config)])
-
     def merged(self, others: Sequence[EvalIndex]) -> EvalIndex:
         """The index of this one's eval items and the others' (disjoint items, the same
         config): equal to indexing them all at once, without a per-gram item limit."""

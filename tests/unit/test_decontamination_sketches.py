@@ -56,12 +56,14 @@ def test_sketches_decontaminate_as_the_texts_do(seed: int, config: Decontaminati
 
 
 @pytest.mark.parametrize("seed", [1, 2])
-def test_an_extended_index_equals_one_built_at_once(seed: int) -> None:
+def test_a_merged_index_equals_one_built_at_once(seed: int) -> None:
     evaluation, train = corpus(seed)
     config = DecontaminationConfig()
     sketches = sketch_texts(evaluation, 13)
     whole = EvalIndex.from_sketches(sketches, config)
-    grown = EvalIndex.from_sketches(sketches[:25], config).extended(sketches[25:])
+    grown = EvalIndex.from_sketches(sketches[:25], config).merged(
+        [EvalIndex.from_sketches(sketches[25:], config)]
+    )
     checked = [(i, *sketch) for i, sketch in enumerate(sketch_texts(train, 13))]
     assert list(grown.contaminated_sketches(checked)) == list(whole.contaminated_sketches(checked))
     assert (grown.gram_count, grown.signature_count) == (whole.gram_count, whole.signature_count)
