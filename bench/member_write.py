@@ -31,7 +31,7 @@ from typing import Any
 
 import psycopg
 
-from bench.dataset_build import LOAD_SQL, export_s, scratch_domain
+from bench.dataset_build import LOAD_SQL, best_export_s, scratch_domain
 
 COLUMNS = (
     "id, dataset_version_id, split, group_key, weight, until_version, is_new, content_sha256, "
@@ -60,8 +60,7 @@ def main() -> None:
             )
             connection.execute("VACUUM ANALYZE")
             keys = [name for (name,) in connection.execute(FOREIGN_KEYS)]
-        export_s(plain)  # warm the cache
-        copy_s = min(export_s(plain) for _ in range(3))
+        copy_s = best_export_s(plain)
         drop_all = [f"ALTER TABLE dataset_members DROP CONSTRAINT {name}" for name in keys]
         drop_items = [
             drop for drop, name in zip(drop_all, keys, strict=True) if "version_id" not in name
